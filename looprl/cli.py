@@ -1,0 +1,209 @@
+"""The `looprl` command line: eval, train, sft, view, init."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from looprl.console import console
+
+
+def parse_overrides(items: list[str], prefix: str) -> dict[str, Any]:
+    """Turn `--prefix.key value` pairs into a dict (values parsed as JSON when possible)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if not item.startswith(f"--{prefix}."):
+            raise SystemExit(f"error: unrecognized argument {item!r}; options for the environment look like --{prefix}.KEY VALUE")
+        key = item[len(prefix) + 3 :]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(items):
+            raw = items[i + 1]
+            i += 2
+        else:
+            raise SystemExit(f"error: {item} needs a value")
+        try:
+            out[key.replace("-", "_")] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = raw
+    return out
+
+
+def _eval_parser(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on an environment")
+    p.add_argument("env", help="environment name (calculator), module path, or .py file")
+    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m, a local HF directory, or a served model name")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (then --model names the served model)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("-n", "--num-tasks", type=int, default=50)
+    p.add_argument("-r", "--rollouts", type=int, default=4, help="rollouts per task (pass@k up to this k)")
+    p.add_argument("--split", default="eval", choices=["eval", "train"])
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens per turn (default: the environment's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pass-threshold", type=float, default=1.0, help="reward counted as solved for pass@k")
+    p.add_argument("--concurrency", type=int, default=64, help="task groups run at once")
+    p.add_argument("--output", default=None, help="results directory (default runs/eval-ENV-MODEL-TIME)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted evaluation in --output (or the latest)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `looprl` command."""
+    parser = argparse.ArgumentParser(prog="looprl", description="Train and evaluate agentic reasoners.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _eval_parser(sub)
+    _train_parser(sub)
+    _sft_parser(sub)
+    _view_parser(sub)
+    _init_parser(sub)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "eval":
+        return run_eval_command(args, parse_overrides(extra, "env"))
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return int(args.func(args) or 0)
+
+
+def _default_output(args: argparse.Namespace) -> Path:
+    model = Path(args.model).name.replace("/", "_")
+    env = Path(args.env).stem
+    if args.resume:
+        candidates = sorted(Path("runs").glob(f"eval-{env}-{model}-*"))
+        if not candidates:
+            raise SystemExit(f"error: --resume found no runs/eval-{env}-{model}-* directory; pass --output DIR")
+        return candidates[-1]
+    return Path("runs") / f"eval-{env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
+    """`looprl eval`: run, stream results, print the summary, write metadata."""
+    from looprl.console import print_summary
+    from looprl.engines.factory import make_policy
+    from looprl.envs.registry import load_environment
+    from looprl.evaluation import load_results, summarize, write_metadata
+    from looprl.rendering.renderer import Renderer
+    from looprl.rollout import RolloutConfig
+    from looprl.types import SamplingParams
+
+    if args.num_tasks < 1 or args.rollouts < 1:
+        raise SystemExit("error: -n and -r must be >= 1")
+    env = load_environment(args.env, **env_kwargs)
+    out = Path(args.output) if args.output else _default_output(args)
+    if out.exists() and any(out.iterdir()) and not args.resume:
+        raise SystemExit(f"error: {out} already holds results; pass --resume to continue it or choose another --output")
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    done, skipped = load_results(results_path, repair=True) if args.resume else ([], 0)
+    if skipped:
+        console.print(f"[yellow]skipped {skipped} malformed line(s) in {results_path}[/yellow]")
+    tasks = env.get_tasks(args.split, args.num_tasks, seed=args.seed)
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens or env.limits.max_tokens_per_turn,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    console.print(f"[bold]looprl eval[/bold] {env.name} · model {args.model} · {len(tasks)} tasks x {args.rollouts} rollouts → {out}")
+    policy = make_policy(args.model, base_url=args.base_url, api_key=args.api_key, seed=args.seed)
+    renderer = Renderer(policy.tokenizer, env.tool_schemas) if policy.tokenizer is not None else None
+    metadata: dict[str, Any] = {
+        "kind": "eval",
+        "env": args.env,
+        "env_kwargs": env_kwargs,
+        "model": args.model,
+        "base_url": args.base_url,
+        "sampling": sampling.to_dict(),
+        "num_tasks": len(tasks),
+        "rollouts_per_task": args.rollouts,
+        "split": args.split,
+        "seed": args.seed,
+        "status": "running",
+    }
+    write_metadata(out / "metadata.json", metadata)
+    episodes, seconds = asyncio.run(
+        _run_with_progress(env, policy.engine, tasks, args, renderer, RolloutConfig(sampling=sampling, seed=args.seed), results_path, done)
+    )
+    summary = summarize(episodes, rollouts_per_task=args.rollouts, generate_seconds=seconds, pass_threshold=args.pass_threshold)
+    print_summary(summary, title=f"{env.name} · {args.model}")
+    metadata.update(status="finished", summary=summary, seconds=seconds)
+    write_metadata(out / "metadata.json", metadata)
+    console.print(f"results: {results_path}\nmetadata: {out / 'metadata.json'}")
+    return 0
+
+
+async def _run_with_progress(env, engine, tasks, args, renderer, config, results_path, done):  # type: ignore[no-untyped-def]
+    from looprl.console import progress_bar
+    from looprl.evaluation import evaluate
+
+    total = len(tasks) * args.rollouts
+    with progress_bar() as bar:
+        task_id = bar.add_task("episodes", total=total, info="")
+        bar.update(task_id, completed=min(total, len(done)))
+        rewards: list[float] = [ep.reward for ep in done]
+
+        def on_group(group):  # type: ignore[no-untyped-def]
+            rewards.extend(ep.reward for ep in group)
+            bar.update(task_id, advance=len(group), info=f"reward {sum(rewards) / len(rewards):.3f}")
+
+        try:
+            return await evaluate(
+                env, engine, tasks, rollouts_per_task=args.rollouts, renderer=renderer, config=config,
+                results_path=results_path, done=done, max_concurrent_groups=args.concurrency, on_group=on_group,
+            )
+        finally:
+            await engine.close()
+
+
+def _train_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="RL-train a model from a TOML config")
+    p.add_argument("config", help="TOML config file")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.set_defaults(func=_not_ready("train"))
+
+
+def _sft_parser(sub: Any) -> None:
+    p = sub.add_parser("sft", help="supervised warm-start from a JSONL of conversations")
+    p.set_defaults(func=_not_ready("sft"))
+
+
+def _view_parser(sub: Any) -> None:
+    p = sub.add_parser("view", help="open the local web viewer on runs or eval results")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--host", default="127.0.0.1")
+
+    def run(args: argparse.Namespace) -> int:
+        from looprl.viewer import serve
+
+        serve([Path(p) for p in args.paths], host=args.host, port=args.port)
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _init_parser(sub: Any) -> None:
+    p = sub.add_parser("init", help="scaffold an environment package")
+    p.add_argument("name")
+    p.set_defaults(func=_not_ready("init"))
+
+
+def _not_ready(name: str):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        raise SystemExit(f"looprl {name} is not available in this version")
+
+    return run
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Environments: tasks + rubric + limits, in three ready kinds (single-turn, multi-turn, tools).
+
+An environment never sees an engine or a trainer: the rollout (`looprl.rollout`) drives it.
+The hooks, all async, are:
+
+- `setup_state(task)`: per-episode state; values here reach hidden tool arguments;
+- `env_response(messages, state)`: the environment's answer to the last assistant turn (tool
+  results, a game's feedback, a simulated user); an empty list ends the episode;
+- `cleanup_state(state)`: release per-episode resources.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from looprl.rendering.parser import ParsedTurn, get_parser
+from looprl.rubrics import Rubric
+from looprl.tools.executor import ToolExecutor
+from looprl.tools.schema import make_tools
+from looprl.types import Message, Task
+
+TaskSource = list[Task] | Callable[[int, int], list[Task]]
+
+
+@dataclass
+class Limits:
+    """Per-episode limits.
+
+    Defaults suit small models on CPU: a few tool turns, short turns, a 2k-token context (the
+    tiny model's window), and a generous wall-clock cap that only catches hung episodes.
+    """
+
+    max_turns: int = 6
+    max_tokens_per_turn: int = 256
+    max_context_tokens: int = 2048
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tokens_per_turn", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"Limits.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass
+class StepOutcome:
+    """What the environment does after an assistant turn: new messages, or done."""
+
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False
+    tool_errors: dict[str, int] = field(default_factory=dict)
+    num_tool_calls: int = 0
+
+
+class Environment:
+    """Base environment: tasks per split, a rubric, limits and a tool-call parser.
+
+    `train_tasks` and `eval_tasks` are lists of tasks or seeded generators
+    `(n, seed) -> list[Task]` (the same seed gives the same tasks).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        rubric: Rubric,
+        train_tasks: TaskSource | None = None,
+        eval_tasks: TaskSource | None = None,
+        limits: Limits | None = None,
+        system_prompt: str | None = None,
+        parser: str = "hermes",
+    ) -> None:
+        self.name = name
+        self.rubric = rubric
+        self.train_tasks = train_tasks
+        self.eval_tasks = eval_tasks
+        self.limits = limits or Limits()
+        self.system_prompt = system_prompt
+        self.parser = get_parser(parser)
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas offered to the model (none by default)."""
+        return []
+
+    def get_tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        """`n` tasks of a split (`train` or `eval`/`test`), with the system prompt applied."""
+        source = self.train_tasks if split == "train" else self.eval_tasks
+        if split not in ("train", "eval", "test"):
+            raise ValueError(f"unknown split {split!r}; use 'train' or 'eval'")
+        if source is None:
+            raise ValueError(f"environment {self.name!r} has no {split} tasks")
+        if callable(source):
+            tasks = source(n if n is not None else 100, seed)
+        else:
+            tasks = list(source) if n is None else list(source)[:n]
+        return [self._prepare(t) for t in tasks]
+
+    def iter_train_tasks(self, seed: int, start: int = 0) -> Iterator[Task]:
+        """An endless, seeded stream of training tasks starting at cursor `start` (for resume)."""
+        epoch_size = 1000
+        i = start
+        while True:
+            epoch, offset = divmod(i, epoch_size)
+            tasks = self._epoch(seed, epoch, epoch_size)
+            yield tasks[offset % len(tasks)]
+            i += 1
+
+    def _epoch(self, seed: int, epoch: int, size: int) -> list[Task]:
+        source = self.train_tasks
+        if source is None:
+            raise ValueError(f"environment {self.name!r} has no train tasks")
+        if callable(source):
+            tasks = source(size, seed * 100_003 + epoch)
+        else:
+            tasks = list(source)
+            random.Random(seed * 100_003 + epoch).shuffle(tasks)
+        return [self._prepare(t) for t in tasks]
+
+    def _prepare(self, task: Task) -> Task:
+        if not task.env:
+            task.env = self.name
+        if self.system_prompt and not (task.prompt and task.prompt[0].role == "system"):
+            task.prompt = [Message(role="system", content=self.system_prompt), *task.prompt]
+        return task
+
+    async def setup_state(self, task: Task) -> dict[str, Any]:
+        """Per-episode state; keys here fill hidden tool arguments. Override to add resources."""
+        return {"task": task}
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        """Release per-episode resources created in `setup_state`."""
+
+    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+        """The environment's move after an assistant turn (`messages` ends with it)."""
+        raise NotImplementedError
+
+
+class SingleTurnEnv(Environment):
+    """One prompt, one answer, scored by the rubric."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        limits = kwargs.pop("limits", None) or Limits(max_turns=1)
+        super().__init__(limits=limits, **kwargs)
+
+    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+        """A single-turn episode ends after the first answer."""
+        return StepOutcome(done=True)
+
+
+class MultiTurnEnv(Environment):
+    """A conversation driven by `env_response` (games, simulated users). Subclass and override it."""
+
+    async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
+        """Messages answering the last assistant turn; return [] to end the episode."""
+        raise NotImplementedError("MultiTurnEnv subclasses must implement env_response")
+
+    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+        """Ask `env_response`; an empty answer (or `state['done']`) ends the episode."""
+        reply = await self.env_response(messages, state)
+        return StepOutcome(messages=list(reply), done=not reply or bool(state.get("done")))
+
+
+class ToolEnv(Environment):
+    """An environment that needs only tools and a rubric.
+
+    After each assistant turn the parsed tool calls run concurrently and their results come
+    back as tool messages; a turn without tool calls ends the episode. Malformed calls are
+    answered with a tool message explaining the problem and counted by kind.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Iterable[Callable[..., Any]],
+        tool_timeout: float = 10.0,
+        max_tool_result_chars: int = 4000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.tools = make_tools(list(tools))
+        self.executor = ToolExecutor(self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars)
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas of this environment's tools."""
+        return [t.schema for t in self.tools.values()]
+
+    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+        """Run the turn's tool calls (and answer malformed ones); no calls ends the episode."""
+        if not parsed.calls and not parsed.errors:
+            return StepOutcome(done=True)
+        results = await self.executor.run(parsed.calls, state)
+        results += [self.executor.error_result(err) for err in parsed.errors]
+        errors: dict[str, int] = {}
+        out = []
+        for r in results:
+            if r.error_kind:
+                errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
+            if r.truncated:
+                errors["result_truncated"] = errors.get("result_truncated", 0) + 1
+            out.append(Message(role="tool", content=r.content, tool_call_id=r.call_id, name=r.name))
+        return StepOutcome(
+            messages=out, tool_errors=errors, num_tool_calls=len(parsed.calls) + len(parsed.errors)
+        )

@@ -1,0 +1,61 @@
+"""Load environments by name (`calculator`), module path, file path or installed package."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from looprl.envs.base import Environment
+
+BUILTIN = {
+    "calculator": "looprl.envs.calculator",
+}
+ENTRY_POINT_GROUP = "looprl.environments"
+
+
+def available_environments() -> list[str]:
+    """Names of built-in environments and those installed packages register."""
+    names = set(BUILTIN)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def _import_target(name: str) -> Any:
+    if name in BUILTIN:
+        return importlib.import_module(BUILTIN[name])
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    path = Path(name)
+    if path.suffix == ".py" and path.exists():
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot import environment file {name!r}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(name.replace("-", "_"))
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"unknown environment {name!r}; use one of {available_environments()}, a module path "
+            "(my_package.my_env), a .py file, or an installed package exposing load_environment(**kwargs)"
+        ) from exc
+
+
+def load_environment(name: str, **kwargs: Any) -> Environment:
+    """Build an environment: `load_environment(**kwargs)` of the named module or package."""
+    target = _import_target(name)
+    factory = target if callable(target) and not hasattr(target, "load_environment") else getattr(target, "load_environment", None)
+    if factory is None:
+        raise ValueError(f"{name!r} was imported but has no load_environment(**kwargs) function")
+    try:
+        env = factory(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"load_environment of {name!r} rejected the arguments {sorted(kwargs)}: {exc}") from exc
+    if not isinstance(env, Environment):
+        raise TypeError(f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment")
+    return env

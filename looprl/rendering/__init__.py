@@ -1,0 +1,1 @@
+"""Rendering: chat templates, token-exact rendering and tool-call parsing."""

@@ -1,0 +1,194 @@
+"""Tool-call parsing: split an assistant turn into its text and its tool calls (pluggable formats).
+
+The default format (Hermes / Qwen / many chat templates) wraps each call in a tag:
+
+    <tool_call>
+    {"name": "add", "arguments": {"a": 1, "b": 2}}
+    </tool_call>
+
+Rules of `HermesParser`, decided here once:
+
+- whitespace and newlines around the JSON inside a block are allowed; nothing else is (no code
+  fences, no trailing text): the model is trained on the format, so it is held to it;
+- `arguments` may be a JSON object or a string holding one (some models double-encode);
+  `parameters` is accepted as an alias (Llama-3-style calls), but giving both is an error;
+  a missing `arguments` means `{}`; other keys (e.g. `"id"`) are ignored;
+- a `<tool_call>` with no closing tag before the next `<tool_call>` or the end of the text (the
+  turn hit its token limit, or a stop string ended it early) is a malformed, unclosed call;
+  a stray `</tool_call>` with no opening tag stays in the text;
+- every block, well-formed or not, gets the next id `call_0`, `call_1`, ... in order of
+  appearance, so each one is answered with a tool message.
+
+Malformed blocks become `ParseError`s whose `kind` says precisely what was wrong; the tool
+executor answers every one of them with a tool message of kind `malformed_json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from looprl.types import ToolCall
+
+INVALID_JSON = "invalid_json"
+NOT_OBJECT = "not_object"
+MISSING_NAME = "missing_name"
+BAD_NAME = "bad_name"
+BAD_ARGUMENTS = "bad_arguments"
+UNCLOSED_TAG = "unclosed_tag"
+PARSE_ERROR_KINDS = (INVALID_JSON, NOT_OBJECT, MISSING_NAME, BAD_NAME, BAD_ARGUMENTS, UNCLOSED_TAG)
+
+_EXAMPLE = '{"name": "tool_name", "arguments": {"arg": "value"}}'
+
+
+@dataclass
+class ParseError:
+    """A tool-call block that could not be parsed.
+
+    `kind` is one of `PARSE_ERROR_KINDS`; `message` says exactly what is wrong (it is shown to the
+    model); `raw` is the exact block text; `id` is the call id the block was given; `name` is the
+    tool name when it could be read (else empty).
+    """
+
+    kind: str
+    message: str
+    raw: str
+    id: str = ""
+    name: str = ""
+
+
+@dataclass
+class ParsedTurn:
+    """An assistant turn split into its text (outside tool-call blocks, stripped), calls and errors."""
+
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+    def ordered(self) -> list[ToolCall | ParseError]:
+        """Calls and errors together, in the order the model wrote them (by `call_N` id)."""
+        items: list[ToolCall | ParseError] = [*self.calls, *self.errors]
+        return sorted(items, key=lambda item: _id_index(item.id, len(items)))
+
+
+def _id_index(call_id: str, fallback: int) -> int:
+    """The N of `call_N`; ids of other forms sort last, keeping their relative order."""
+    prefix, _, number = call_id.rpartition("_")
+    return int(number) if prefix == "call" and number.isdigit() else fallback
+
+
+@runtime_checkable
+class ToolCallParser(Protocol):
+    """Anything that splits assistant text into content, tool calls and parse errors."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        """Parse one assistant turn."""
+        ...
+
+
+class HermesParser:
+    """Parses `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (see module doc)."""
+
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+
+    def parse(self, text: str) -> ParsedTurn:
+        """Split `text` into content (text outside blocks), calls and errors, ids in order."""
+        content_parts: list[str] = []
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        pos = 0
+        index = 0
+        while True:
+            start = text.find(self.open_tag, pos)
+            if start < 0:
+                content_parts.append(text[pos:])
+                break
+            content_parts.append(text[pos:start])
+            body_start = start + len(self.open_tag)
+            end = text.find(self.close_tag, body_start)
+            next_open = text.find(self.open_tag, body_start)
+            call_id = f"call_{index}"
+            index += 1
+            if end < 0 or 0 <= next_open < end:
+                stop = next_open if next_open >= 0 else len(text)
+                raw = text[start:stop]
+                errors.append(ParseError(UNCLOSED_TAG, _unclosed_message(raw), raw, call_id))
+                pos = stop
+                continue
+            raw = text[start : end + len(self.close_tag)]
+            result = _parse_body(text[body_start:end], raw, call_id)
+            if isinstance(result, ToolCall):
+                calls.append(result)
+            else:
+                errors.append(result)
+            pos = end + len(self.close_tag)
+        return ParsedTurn(content="".join(content_parts).strip(), calls=calls, errors=errors)
+
+
+def _unclosed_message(raw: str) -> str:
+    return (
+        "the <tool_call> block was never closed with </tool_call> (the turn ended or a new "
+        f"<tool_call> began first); write each call as <tool_call>{_EXAMPLE}</tool_call>"
+    )
+
+
+def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
+    """Parse the JSON inside one closed block into a call, or say exactly what is wrong."""
+
+    def error(kind: str, message: str, name: str = "") -> ParseError:
+        return ParseError(kind, message, raw, call_id, name)
+
+    if not body.strip():
+        return error(INVALID_JSON, f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it")
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return error(INVALID_JSON, f"invalid JSON in <tool_call>: {exc}; expected an object like {_EXAMPLE}")
+    if not isinstance(obj, dict):
+        return error(NOT_OBJECT, f"the tool call must be a JSON object like {_EXAMPLE}, got {_json_type(obj)}")
+    if "name" not in obj:
+        return error(MISSING_NAME, f'the tool call has no "name" key; expected an object like {_EXAMPLE}')
+    name = obj["name"]
+    if not isinstance(name, str) or not name.strip():
+        shown = "an empty string" if isinstance(name, str) else _json_type(name)
+        return error(BAD_NAME, f'"name" must be a non-empty string naming a tool, got {shown}')
+    if "arguments" in obj and "parameters" in obj:
+        return error(BAD_ARGUMENTS, 'give the arguments once, under "arguments" (not also "parameters")', name)
+    key = "parameters" if "parameters" in obj else "arguments"
+    args: Any = obj.get(key, {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            return error(BAD_ARGUMENTS, f'"{key}" is a string but not valid JSON: {exc}; pass a JSON object', name)
+    if not isinstance(args, dict):
+        return error(BAD_ARGUMENTS, f'"{key}" must be a JSON object of argument names to values, got {_json_type(args)}', name)
+    return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
+
+
+def _json_type(value: Any) -> str:
+    """How a JSON value's type reads in an error message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({json.dumps(value)})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+PARSERS: dict[str, type[HermesParser]] = {"hermes": HermesParser}
+
+
+def get_parser(name: str) -> ToolCallParser:
+    """A parser instance by name; unknown names raise ValueError listing the known ones."""
+    try:
+        return PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}") from None

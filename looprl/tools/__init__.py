@@ -1,0 +1,38 @@
+"""Tools: typed Python functions offered to the model, their schemas, and their concurrent execution."""
+
+from looprl.tools.executor import (
+    ERROR_KINDS,
+    EXCEPTION,
+    INVALID_ARGUMENT,
+    MALFORMED_JSON,
+    MISSING_ARGUMENT,
+    TIMEOUT,
+    TRUNCATED,
+    UNEXPECTED_ARGUMENT,
+    UNKNOWN_TOOL,
+    ToolExecutor,
+    ToolResult,
+    count_tool_errors,
+)
+from looprl.tools.schema import Hidden, Tool, make_tool, make_tools, parse_docstring, tool_schema
+
+__all__ = [
+    "ERROR_KINDS",
+    "EXCEPTION",
+    "INVALID_ARGUMENT",
+    "MALFORMED_JSON",
+    "MISSING_ARGUMENT",
+    "TIMEOUT",
+    "TRUNCATED",
+    "UNEXPECTED_ARGUMENT",
+    "UNKNOWN_TOOL",
+    "Hidden",
+    "Tool",
+    "ToolExecutor",
+    "ToolResult",
+    "count_tool_errors",
+    "make_tool",
+    "make_tools",
+    "parse_docstring",
+    "tool_schema",
+]

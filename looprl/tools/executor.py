@@ -1,0 +1,304 @@
+"""Tool execution: validate the model's calls, run them concurrently with timeouts, report every failure.
+
+Bad calls are part of learning, not crashes. Each call of a turn ends in exactly one
+`ToolResult` whose `content` is the tool message shown to the model; a failed call carries one
+of the `ERROR_KINDS` and a message that says what went wrong and what the tool expects.
+
+Sync tools run in a thread pool owned by the executor, so a slow tool never blocks the event
+loop (other episodes keep sampling). A thread cannot be killed: a sync tool that overruns its
+timeout is answered with a `timeout` message at once but keeps its thread until it returns.
+Tools that may hang for good belong in a sandbox process (`looprl.sandbox`) or should be async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+import pydantic_core
+
+from looprl.tools.schema import Tool, make_tool, make_tools
+from looprl.types import Message, ToolCall
+
+if TYPE_CHECKING:
+    from looprl.rendering.parser import ParsedTurn, ParseError
+
+MALFORMED_JSON = "malformed_json"
+UNKNOWN_TOOL = "unknown_tool"
+MISSING_ARGUMENT = "missing_argument"
+UNEXPECTED_ARGUMENT = "unexpected_argument"
+INVALID_ARGUMENT = "invalid_argument"
+EXCEPTION = "exception"
+TIMEOUT = "timeout"
+ERROR_KINDS = (
+    MALFORMED_JSON,
+    UNKNOWN_TOOL,
+    MISSING_ARGUMENT,
+    UNEXPECTED_ARGUMENT,
+    INVALID_ARGUMENT,
+    EXCEPTION,
+    TIMEOUT,
+)
+TRUNCATED = "truncated"
+"""Counter name for results cut to `max_result_chars` (not an error kind)."""
+
+
+@dataclass
+class ToolResult:
+    """The outcome of one call: the tool message `content` and how the call went.
+
+    `error_kind` is None on success, else one of `ERROR_KINDS`. `truncated` is True when the
+    content was cut to the executor's `max_result_chars`. `seconds` is the wall time of the call.
+    """
+
+    call_id: str
+    name: str
+    content: str
+    error_kind: str | None = None
+    seconds: float = 0.0
+    truncated: bool = False
+
+    def to_message(self) -> Message:
+        """The tool message answering the call."""
+        return Message(role="tool", content=self.content, tool_call_id=self.call_id, name=self.name)
+
+
+class _CallError(Exception):
+    """A call that failed before or while running; carries its error kind."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def count_tool_errors(results: Iterable[ToolResult]) -> dict[str, int]:
+    """Counts of failed calls by error kind, plus `truncated` for cut results (only kinds seen)."""
+    counts: dict[str, int] = {}
+    for r in results:
+        for key in (r.error_kind, TRUNCATED if r.truncated else None):
+            if key is not None:
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class ToolExecutor:
+    """Runs an environment's tools for the model's calls; never raises for a bad call.
+
+    `timeout` (seconds) bounds each call; `max_result_chars` bounds each tool message;
+    `max_threads` sizes the pool that runs sync tools (asyncio's default pool has only
+    cpu_count + 4 threads, too few when many episodes call slow tools at once).
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Tool | Callable[..., Any]] | Iterable[Tool | Callable[..., Any]],
+        *,
+        timeout: float = 10.0,
+        max_result_chars: int = 4000,
+        max_threads: int = 32,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"ToolExecutor timeout must be > 0 seconds, got {timeout}")
+        if max_result_chars < 1:
+            raise ValueError(f"ToolExecutor max_result_chars must be >= 1, got {max_result_chars}")
+        if max_threads < 1:
+            raise ValueError(f"ToolExecutor max_threads must be >= 1, got {max_threads}")
+        if isinstance(tools, Mapping):
+            self.tools = _tools_from_mapping(tools)
+        else:
+            self.tools = make_tools(tools)
+        self.timeout = timeout
+        self.max_result_chars = max_result_chars
+        self.max_threads = max_threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas of all tools, to offer the model (`tools=` of a chat template)."""
+        return [t.schema for t in self.tools.values()]
+
+    @property
+    def state_keys(self) -> set[str]:
+        """State keys the hidden parameters of the tools read (those without a default)."""
+        return {
+            key
+            for t in self.tools.values()
+            for param, key in t.hidden.items()
+            if param not in t.hidden_defaults
+        }
+
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise ValueError if `state` lacks a key some tool's hidden parameter needs.
+
+        Call it once per episode after building the state, to catch an environment bug early.
+        """
+        missing = sorted(self.state_keys - set(state))
+        if missing:
+            users = sorted(t.name for t in self.tools.values() if set(t.hidden.values()) & set(missing))
+            raise ValueError(
+                f"episode state lacks hidden tool argument(s) {missing} needed by tool(s) {users}; "
+                "add them in the environment's setup_state"
+            )
+
+    async def run(self, calls: list[ToolCall], state: Mapping[str, Any]) -> list[ToolResult]:
+        """Run the calls of one turn concurrently; one result per call, in the same order."""
+        return list(await asyncio.gather(*(self.run_one(c, state) for c in calls)))
+
+    async def run_turn(self, parsed: ParsedTurn, state: Mapping[str, Any]) -> list[ToolResult]:
+        """Answer a whole parsed turn: run its calls and answer its parse errors, in written order."""
+        results = {id(c): r for c, r in zip(parsed.calls, await self.run(parsed.calls, state), strict=True)}
+        out: list[ToolResult] = []
+        for item in parsed.ordered():
+            out.append(results[id(item)] if isinstance(item, ToolCall) else self.error_result(item))
+        return out
+
+    def error_result(self, error: ParseError) -> ToolResult:
+        """The tool message answering a malformed tool-call block (kind `malformed_json`)."""
+        content, truncated = self._truncate(f"Error: {error.message}")
+        return ToolResult(error.id, error.name, content, MALFORMED_JSON, 0.0, truncated)
+
+    async def run_one(self, call: ToolCall, state: Mapping[str, Any]) -> ToolResult:
+        """Validate and run one call; every failure becomes a result with its error kind."""
+        start = time.perf_counter()
+        kind: str | None = None
+        try:
+            tool = self._lookup(call.name)
+            kwargs = self._arguments(tool, call.arguments)
+            kwargs.update(_hidden_arguments(tool, state))
+            content = _encode(await self._invoke(tool, kwargs))
+        except _CallError as err:
+            kind, content = err.kind, f"Error: {err}"
+        text, truncated = self._truncate(content)
+        return ToolResult(call.id, call.name, text, kind, time.perf_counter() - start, truncated)
+
+    def close(self) -> None:
+        """Release the thread pool (threads still running a timed-out tool finish on their own)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _lookup(self, name: str) -> Tool:
+        tool = self.tools.get(name)
+        if tool is None:
+            available = ", ".join(sorted(self.tools)) or "(none)"
+            raise _CallError(UNKNOWN_TOOL, f"unknown tool {name!r}. Available tools: {available}.")
+        return tool
+
+    def _arguments(self, tool: Tool, arguments: Any) -> dict[str, Any]:
+        """Validate the model's arguments against the visible signature (lax pydantic coercion)."""
+        expects = f"The tool's signature is {tool.signature}."
+        if not isinstance(arguments, dict):
+            raise _CallError(
+                MALFORMED_JSON, f"arguments of {tool.name!r} must be a JSON object, got {type(arguments).__name__}. {expects}"
+            )
+        extra = [k for k in arguments if k not in tool.params]
+        if extra:
+            raise _CallError(UNEXPECTED_ARGUMENT, f"{tool.name!r} got unexpected argument(s) {_names(extra)}. {expects}")
+        missing = [n for n, p in tool.params.items() if p.required and n not in arguments]
+        if missing:
+            raise _CallError(MISSING_ARGUMENT, f"{tool.name!r} is missing required argument(s) {_names(missing)}. {expects}")
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, value in arguments.items():
+            try:
+                values[name] = tool.params[name].adapter.validate_python(value)
+            except pydantic.ValidationError as exc:
+                problems.extend(_describe(name, e) for e in exc.errors())
+        if problems:
+            raise _CallError(INVALID_ARGUMENT, f"invalid argument(s) for {tool.name!r}: {'; '.join(problems)}. {expects}")
+        return values
+
+    async def _invoke(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
+        """Call the tool under the per-call timeout; exceptions become `exception` errors."""
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                if tool.is_async:
+                    return await tool.fn(**kwargs)
+                loop = asyncio.get_running_loop()
+                call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
+                return await loop.run_in_executor(self._threads(), call)
+        except TimeoutError as exc:
+            if deadline.expired():
+                raise _CallError(TIMEOUT, f"tool {tool.name!r} timed out after {self.timeout:g} s") from None
+            raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
+            raise _CallError(EXCEPTION, _exception_text(exc)) from None
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="looprl-tool")
+        return self._pool
+
+    def _truncate(self, content: str) -> tuple[str, bool]:
+        limit = self.max_result_chars
+        if len(content) <= limit:
+            return content, False
+        return f"{content[:limit]}\n[truncated: {len(content)} chars, showing the first {limit}]", True
+
+
+def _tools_from_mapping(tools: Mapping[str, Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """Tools from a name -> Tool (or function) mapping; a Tool's own name must match its key."""
+    out: dict[str, Tool] = {}
+    for key, value in tools.items():
+        tool = value if isinstance(value, Tool) else make_tool(value, name=key)
+        if tool.name != key:
+            raise ValueError(f"tool mapping key {key!r} differs from the tool's name {tool.name!r}; use the same name")
+        out[key] = tool
+    return out
+
+
+def _hidden_arguments(tool: Tool, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Fill hidden parameters from the episode state; a missing key is an environment bug."""
+    values: dict[str, Any] = {}
+    for param, key in tool.hidden.items():
+        if key in state:
+            values[param] = state[key]
+        elif param in tool.hidden_defaults:
+            values[param] = tool.hidden_defaults[param]
+        else:
+            raise _CallError(
+                EXCEPTION,
+                f"tool {tool.name!r} could not run: the environment did not provide state {key!r} "
+                f"for its hidden parameter {param!r} (an environment bug, not a mistake in your call)",
+            )
+    return values
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def _describe(name: str, error: Mapping[str, Any]) -> str:
+    """One pydantic error as `arg.path: message (got value)`."""
+    loc = ".".join(str(part) for part in (name, *error.get("loc", ())))
+    got = repr(error.get("input"))
+    got = got if len(got) <= 60 else got[:57] + "..."
+    return f"{loc}: {error.get('msg', 'invalid value')} (got {got})"
+
+
+def _exception_text(exc: BaseException) -> str:
+    """`ExceptionType: message`, without the traceback."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _encode(value: Any) -> str:
+    """A tool's return value as message text: str as is, else JSON (repr when JSON cannot say it)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        pass
+    try:
+        return pydantic_core.to_json(value).decode()
+    except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,344 @@
+"""Tool schemas: turn a typed Python function and its docstring into an OpenAI function schema.
+
+A tool is a plain function (sync or async) with type hints on every parameter and a Google-style
+docstring. Its schema, offered to the model through the chat template, is built from both:
+
+    def add(a: int, b: int = 0) -> int:
+        '''Add two integers.
+
+        Args:
+            a: The first addend.
+            b: The second addend.
+        '''
+
+Parameters annotated `Annotated[T, Hidden("key")]` are hidden: they never appear in the schema
+and the executor fills them from the episode state (`state["key"]`), e.g. a sandbox handle.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import types
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import pydantic
+from pydantic import TypeAdapter
+from typing_extensions import is_typeddict
+
+_SCALARS: tuple[type, ...] = (str, int, float, bool, type(None))
+_SECTION_RE = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments|Returns?|Yields?|"
+    r"Raises|Examples?|Notes?|Attributes|See Also|Warnings?|Todo|References)\s*:\s*$"
+)
+_ARG_SECTIONS = {"Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments"}
+_ARG_LINE_RE = re.compile(r"^\*{0,2}(?P<name>[A-Za-z_]\w*)\s*(\([^)]*\))?\s*:\s*(?P<desc>.*)$")
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Marks a tool parameter the model never sees; the executor fills it with `state[key]`.
+
+    Use it as `Annotated` metadata: `def run(code: str, box: Annotated[Sandbox, Hidden("sandbox")])`.
+    """
+
+    key: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError(f"Hidden(key) needs a non-empty state key string, got {self.key!r}")
+
+
+@dataclass
+class Param:
+    """One parameter the model fills: its validator, whether it is required, its default."""
+
+    name: str
+    annotation: Any
+    adapter: TypeAdapter[Any]
+    required: bool
+    default: Any = None
+
+
+@dataclass
+class Tool:
+    """A callable offered to the model.
+
+    `schema` is the OpenAI function schema; `params` the visible parameters in signature order
+    (with their pydantic validators); `hidden` maps hidden parameter names to state keys and
+    `hidden_defaults` holds the defaults of hidden parameters that have one. `signature` is a
+    readable form of the visible signature, shown to the model in error messages.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict[str, Any]
+    hidden: dict[str, str] = field(default_factory=dict)
+    is_async: bool = False
+    params: dict[str, Param] = field(default_factory=dict, repr=False)
+    hidden_defaults: dict[str, Any] = field(default_factory=dict, repr=False)
+    signature: str = ""
+
+    @property
+    def description(self) -> str:
+        """The tool's description as shown to the model."""
+        return str(self.schema["function"].get("description", ""))
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {parameter: description}).
+
+    The description is everything before the first section header (`Args:`, `Returns:`, ...);
+    parameter descriptions come from the `Args:` section, continuation lines joined by spaces.
+    """
+    lines = inspect.cleandoc(doc or "").splitlines()
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    section: str | None = None
+    base_indent: int | None = None
+    current: str | None = None
+    for line in lines:
+        header = _SECTION_RE.match(line)
+        if header and (len(line) - len(line.lstrip())) == 0:
+            section, base_indent, current = header.group(1), None, None
+            continue
+        if section is None:
+            summary.append(line)
+            continue
+        if section not in _ARG_SECTIONS or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if base_indent is None:
+            base_indent = indent
+        match = _ARG_LINE_RE.match(line.strip())
+        if indent <= base_indent and match:
+            current = match.group("name")
+            args[current] = match.group("desc").strip()
+        elif current is not None:
+            args[current] = f"{args[current]} {line.strip()}".strip()
+    description = re.sub(r"\n{3,}", "\n\n", "\n".join(summary)).strip()
+    return description, args
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise TypeError(
+            f"cannot name tool {fn!r}: tools must be named functions (pass name=... to make_tool "
+            "for a partial or callable object)"
+        )
+    return name
+
+
+def _check_type(tp: Any, where: str) -> None:
+    """Raise TypeError unless `tp` is a type the model can fill from JSON."""
+    origin = get_origin(tp)
+    if tp is Any or tp in _SCALARS:
+        return
+    if origin is Annotated:
+        if any(isinstance(m, Hidden) for m in tp.__metadata__):
+            raise TypeError(f"{where}: Hidden(...) may only annotate a whole parameter, not a nested type")
+        _check_type(get_args(tp)[0], where)
+        return
+    if origin is Literal:
+        for value in get_args(tp):
+            if not isinstance(value, (str, int, float, bool, type(None))):
+                raise TypeError(f"{where}: Literal values must be str, int, float, bool or None, got {value!r}")
+        return
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            _check_type(arg, where)
+        return
+    if tp in (list, dict) or origin is list:
+        for arg in get_args(tp):
+            _check_type(arg, where)
+        return
+    if origin is dict:
+        key, value = get_args(tp)
+        if key is not str:
+            raise TypeError(f"{where}: dict keys must be str (JSON object keys), got {key!r}")
+        _check_type(value, where)
+        return
+    if isinstance(tp, type) and (
+        issubclass(tp, (enum.Enum, pydantic.BaseModel)) or is_typeddict(tp)
+    ):
+        return
+    raise TypeError(
+        f"{where}: unsupported type {tp!r}; use str, int, float, bool, list[T], dict[str, T], "
+        "Literal[...], Optional[T] / T | None, an Enum, a pydantic model or a TypedDict"
+    )
+
+
+def _clean(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
+    """Drop pydantic's `title` clutter and inline `$ref`s (recursive types keep their `$defs`)."""
+    if isinstance(node, list):
+        return [_clean(item, defs, stack) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        name = ref.removeprefix("#/$defs/")
+        if name in stack:  # recursive type: keep the reference, the def is emitted once
+            return {"$ref": ref}
+        inlined = _clean(defs[name], defs, (*stack, name))
+        return {**inlined, **{k: _clean(v, defs, stack) for k, v in node.items() if k != "$ref"}}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs"):
+            continue
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _clean(sub, defs, stack) for name, sub in value.items()}
+        else:
+            out[key] = _clean(value, defs, stack)
+    variants = out.get("anyOf")
+    if isinstance(variants, list) and all(isinstance(v, dict) and set(v) == {"type"} for v in variants):
+        del out["anyOf"]
+        out = {"type": [v["type"] for v in variants], **out}
+    return out
+
+
+def _recursive_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The `$defs` entries still referenced after inlining (recursive types only)."""
+    found: dict[str, Any] = {}
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref.removeprefix("#/$defs/")
+                if name not in found:
+                    found[name] = _clean(defs[name], defs, (name,))
+                    pending.append(found[name])
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return found
+
+
+def _type_str(tp: Any) -> str:
+    """A short readable form of an annotation (`list[int]`, `Literal['a', 'b']`, `int | None`)."""
+    if isinstance(tp, type) and get_origin(tp) is None and not get_args(tp):
+        return tp.__name__ if tp is not type(None) else "None"
+    return re.sub(r"\b(typing|typing_extensions|builtins)\.", "", repr(tp))
+
+
+def _hidden_key(annotation: Any) -> str | None:
+    if get_origin(annotation) is Annotated:
+        keys = [m.key for m in annotation.__metadata__ if isinstance(m, Hidden)]
+        return keys[0] if keys else None
+    return None
+
+
+def _adapter(annotation: Any, where: str) -> TypeAdapter[Any]:
+    """A pydantic validator for one parameter; pydantic's refusals become TypeErrors naming it."""
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(annotation)
+        adapter.json_schema()
+    except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as exc:
+        first = str(exc).splitlines()[0]
+        raise TypeError(f"{where}: pydantic cannot describe {_type_str(annotation)}: {first}") from exc
+    return adapter
+
+
+def _param_schema(param: Param, doc: str | None, defs: dict[str, Any]) -> dict[str, Any]:
+    raw = param.adapter.json_schema()
+    defs.update(raw.get("$defs", {}))
+    prop: dict[str, Any] = _clean(raw, defs)
+    if doc and "description" not in prop:
+        prop["description"] = doc
+    if not param.required:
+        try:
+            prop["default"] = param.adapter.dump_python(param.default, mode="json")
+        except (pydantic.PydanticSerializationError, TypeError, ValueError):
+            pass  # a default JSON cannot show is simply not advertised
+    return prop
+
+
+def make_tool(fn: Callable[..., Any], *, name: str | None = None) -> Tool:
+    """Build a `Tool` (schema, validators, hidden parameters) from a typed function.
+
+    Raises TypeError naming the function and parameter when a hint is missing or unsupported, or
+    when the signature uses *args, **kwargs or positional-only parameters.
+    """
+    tool_name = name or _fn_name(fn)
+    try:
+        sig = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError, ValueError) as exc:
+        raise TypeError(f"tool {tool_name!r}: cannot read its signature: {exc}") from exc
+    description, arg_docs = parse_docstring(inspect.getdoc(fn))
+    params: dict[str, Param] = {}
+    hidden: dict[str, str] = {}
+    hidden_defaults: dict[str, Any] = {}
+    for p in sig.parameters.values():
+        where = f"tool {tool_name!r}, parameter {p.name!r}"
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            raise TypeError(f"{where}: *args, **kwargs and positional-only parameters cannot be described to a model; name each parameter")
+        if p.annotation is p.empty:
+            raise TypeError(f"{where}: missing type hint; annotate it (e.g. `{p.name}: str`)")
+        key = _hidden_key(p.annotation)
+        if key is not None:
+            hidden[p.name] = key
+            if p.default is not p.empty:
+                hidden_defaults[p.name] = p.default
+            continue
+        _check_type(p.annotation, where)
+        required = p.default is p.empty
+        params[p.name] = Param(
+            name=p.name,
+            annotation=p.annotation,
+            adapter=_adapter(p.annotation, where),
+            required=required,
+            default=None if required else p.default,
+        )
+    defs: dict[str, Any] = {}
+    properties = {n: _param_schema(prm, arg_docs.get(n), defs) for n, prm in params.items()}
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": [n for n, prm in params.items() if prm.required],
+    }
+    recursive = _recursive_defs(parameters, defs)
+    if recursive:
+        parameters["$defs"] = recursive
+    schema = {
+        "type": "function",
+        "function": {"name": tool_name, "description": description, "parameters": parameters},
+    }
+    shown = [
+        f"{n}: {_type_str(prm.annotation)}" + ("" if prm.required else f" = {prm.default!r}")
+        for n, prm in params.items()
+    ]
+    return Tool(
+        name=tool_name,
+        fn=fn,
+        schema=schema,
+        hidden=hidden,
+        is_async=inspect.iscoroutinefunction(fn)
+        or inspect.iscoroutinefunction(getattr(fn, "__call__", None)),
+        params=params,
+        hidden_defaults=hidden_defaults,
+        signature=f"{tool_name}({', '.join(shown)})",
+    )
+
+
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The OpenAI function schema (`{"type": "function", "function": {...}}`) of a typed function."""
+    return make_tool(fn).schema
+
+
+def make_tools(fns: Iterable[Callable[..., Any] | Tool]) -> dict[str, Tool]:
+    """Build tools from functions (or ready `Tool`s), keyed by name; duplicate names raise ValueError."""
+    tools: dict[str, Tool] = {}
+    for fn in fns:
+        tool = fn if isinstance(fn, Tool) else make_tool(fn)
+        if tool.name in tools:
+            raise ValueError(
+                f"two tools are named {tool.name!r}; tool names must be unique (rename one, or "
+                "build it with make_tool(fn, name=...))"
+            )
+        tools[tool.name] = tool
+    return tools
