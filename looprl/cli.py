@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "eval":
         return run_eval_command(args, parse_overrides(extra, "env"))
+    if args.command in ("train", "sft"):
+        return int(args.func(args, extra) or 0)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
@@ -166,15 +168,69 @@ async def _run_with_progress(env, engine, tasks, args, renderer, config, results
 
 
 def _train_parser(sub: Any) -> None:
-    p = sub.add_parser("train", help="RL-train a model from a TOML config")
-    p.add_argument("config", help="TOML config file")
+    p = sub.add_parser("train", help="RL-train a model from a TOML config (overrides: --section.field VALUE)")
+    p.add_argument("config", nargs="?", default=None, help="TOML config file (defaults when omitted)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
-    p.set_defaults(func=_not_ready("train"))
+    p.add_argument("--run-dir", default=None, help="run directory (default runs/NAME from the config)")
+    p.set_defaults(func=run_train_command)
+
+
+def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """`looprl train`: load and validate the config, then train."""
+    from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
+
+    try:
+        cfg = load_config(args.config, parse_cli_overrides(extra))
+        from looprl.trainer.trainer import Trainer
+
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        if args.resume and run_dir is None:
+            if cfg.run.name is None:
+                raise ConfigError("--resume needs --run-dir DIR or run.name in the config")
+            run_dir = Path(cfg.run.output_dir) / cfg.run.name
+        trainer = Trainer(cfg, run_dir=run_dir, resume=args.resume)
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    trainer.run()
+    return 0
 
 
 def _sft_parser(sub: Any) -> None:
     p = sub.add_parser("sft", help="supervised warm-start from a JSONL of conversations")
-    p.set_defaults(func=_not_ready("sft"))
+    p.add_argument("--data", required=True, help='JSONL with {"messages": [...], "tools": [...]} per line')
+    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local HF directory")
+    p.add_argument("--output", required=True, help="directory for the fine-tuned Hugging Face model")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_sft_command)
+
+
+def run_sft_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """`looprl sft`: encode conversations with the model's template, train, export."""
+    from looprl.models.loading import load_model
+    from looprl.rendering.renderer import Renderer
+    from looprl.sft import examples_from_rows, read_conversations, sft_train
+    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.setup import seed_everything
+
+    if extra:
+        raise SystemExit(f"error: unrecognized arguments: {' '.join(extra)}")
+    rows = read_conversations(Path(args.data))
+    seed_everything(args.seed)
+    model, tokenizer = load_model(args.model)
+    examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token)
+    console.print(f"[bold]looprl sft[/bold] {len(examples)} conversations · {sum(map(lambda e: sum(e.mask), examples))} trained tokens")
+
+    def log(step: int, total: int, loss: float, seconds: float) -> None:
+        console.print(f"step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
+
+    sft_train(model, examples, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, log=log)
+    export_hf(model, tokenizer, Path(args.output))
+    console.print(f"saved {args.output}")
+    return 0
 
 
 def _view_parser(sub: Any) -> None:

@@ -21,10 +21,12 @@ fails returns `Generation(finish_reason="error", error=...)`: `generate` never r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -34,6 +36,7 @@ from looprl.types import FinishReason, Generation, Message, ToolCall
 
 _TOKEN_ID_PREFIX = "token_id:"
 _MAX_RETRY_AFTER_S = 60.0
+_CONNECTIONS_PER_CLIENT = 16
 
 
 class OpenAIEngine:
@@ -89,9 +92,7 @@ class OpenAIEngine:
             "malformed_tool_calls": 0,
         }
         self._rng = random.Random(seed)
-        self._client: httpx.AsyncClient | None = None
-        self._semaphore: asyncio.Semaphore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients: _ClientPool | None = None
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Sample one assistant turn; a failed request returns `finish_reason="error"`, never raises."""
@@ -111,11 +112,9 @@ class OpenAIEngine:
 
     async def close(self) -> None:
         """Close the HTTP connection pool (a later `generate` opens a new one)."""
-        client, self._client = self._client, None
-        if client is not None and self._loop is asyncio.get_running_loop():
-            await client.aclose()
-        self._loop = None
-        self._semaphore = None
+        clients, self._clients = self._clients, None
+        if clients is not None and clients.loop is asyncio.get_running_loop():
+            await clients.aclose()
 
     # ----------------------------------------------------------------- requests
 
@@ -167,26 +166,17 @@ class OpenAIEngine:
             out["top_k"] = s.top_k
         return out
 
-    def _bind_to_loop(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
-        """The client and semaphore for the running event loop (made anew if the loop changed)."""
+    def _bind_to_loop(self) -> _ClientPool:
+        """The HTTP clients for the running event loop (made anew if the loop changed)."""
         loop = asyncio.get_running_loop()
-        if self._client is None or self._semaphore is None or self._loop is not loop:
-            limits = httpx.Limits(
-                max_connections=self.max_concurrency,
-                max_keepalive_connections=self.max_concurrency,
-            )
-            self._client = httpx.AsyncClient(
-                headers={"Authorization": f"Bearer {self.api_key}"},
-                timeout=httpx.Timeout(self.timeout),
-                limits=limits,
-            )
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-            self._loop = loop
-        return self._client, self._semaphore
+        if self._clients is None or self._clients.loop is not loop:
+            headers = {"Authorization": f"Bearer {self.api_key}"}
+            self._clients = _ClientPool(self.max_concurrency, headers, self.timeout, loop)
+        return self._clients
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST with bounded concurrency and retries; raise `_RequestFailed` with the last error."""
-        client, semaphore = self._bind_to_loop()
+        clients = self._bind_to_loop()
         url = self.base_url + path
         attempts = self.max_retries + 1
         last_error = ""
@@ -196,7 +186,7 @@ class OpenAIEngine:
                 self.stats["retries"] += 1
                 await asyncio.sleep(self._backoff_delay(attempt, retry_after))
             retry_after = None
-            async with semaphore:
+            async with clients.slot() as client:
                 self.stats["requests"] += 1
                 try:
                     async with asyncio.timeout(self.timeout):
@@ -213,9 +203,13 @@ class OpenAIEngine:
                 try:
                     data = resp.json()
                 except ValueError as e:
-                    raise _RequestFailed(f"POST {url}: HTTP 200 but the body is not JSON: {_snippet(resp)}") from e
+                    raise _RequestFailed(
+                        f"POST {url}: HTTP 200 but the body is not JSON: {_snippet(resp)}"
+                    ) from e
                 if not isinstance(data, dict):
-                    raise _RequestFailed(f"POST {url}: expected a JSON object, got {_snippet(resp)}")
+                    raise _RequestFailed(
+                        f"POST {url}: expected a JSON object, got {_snippet(resp)}"
+                    )
                 return data
             self.stats["http_errors"] += 1
             last_error = f"HTTP {resp.status_code}: {_snippet(resp)}"
@@ -225,7 +219,9 @@ class OpenAIEngine:
                     f"check the model name {self.model!r} and the request fields)"
                 )
             retry_after = _retry_after(resp)
-        raise _RequestFailed(f"POST {url} failed after {attempts} attempt(s); last error: {last_error}")
+        raise _RequestFailed(
+            f"POST {url} failed after {attempts} attempt(s); last error: {last_error}"
+        )
 
     def _backoff_delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait before retry `attempt` (1-based): exponential, jittered, >= Retry-After."""
@@ -279,6 +275,49 @@ class OpenAIEngine:
             logprobs=[float(x) for x in logprobs],
             finish_reason=_finish_reason(choice.get("finish_reason")),
         )
+
+
+class _ClientPool:
+    """httpx clients with small connection pools behind one semaphore, bound to one event loop.
+
+    httpcore 1.0's connection pool does work proportional to connections x queued requests on
+    every event, which caps one client near 100 requests/s at 256 connections; several clients
+    of `_CONNECTIONS_PER_CLIENT` connections each, least-loaded first, keep that cost small.
+    """
+
+    def __init__(
+        self,
+        max_concurrency: int,
+        headers: dict[str, str],
+        timeout: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        n = -(-max_concurrency // _CONNECTIONS_PER_CLIENT)  # ceil division
+        per = min(max_concurrency, _CONNECTIONS_PER_CLIENT)
+        limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
+        self.clients = [
+            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout), limits=limits)
+            for _ in range(n)
+        ]
+        self.load = [0] * n
+        self.semaphore = asyncio.Semaphore(max_concurrency)
+        self.loop = loop
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
+        """Hold one of `max_concurrency` slots and the least-loaded client while the block runs."""
+        async with self.semaphore:
+            i = min(range(len(self.load)), key=self.load.__getitem__)
+            self.load[i] += 1
+            try:
+                yield self.clients[i]
+            finally:
+                self.load[i] -= 1
+
+    async def aclose(self) -> None:
+        """Close every client's connections."""
+        for client in self.clients:
+            await client.aclose()
 
 
 class _RequestFailed(Exception):

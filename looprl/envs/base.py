@@ -18,7 +18,7 @@ from typing import Any
 
 from looprl.rendering.parser import ParsedTurn, get_parser
 from looprl.rubrics import Rubric
-from looprl.tools.executor import ToolExecutor
+from looprl.tools.executor import ToolExecutor, count_tool_errors
 from looprl.tools.schema import make_tools
 from looprl.types import Message, Task
 
@@ -194,16 +194,9 @@ class ToolEnv(Environment):
         """Run the turn's tool calls (and answer malformed ones); no calls ends the episode."""
         if not parsed.calls and not parsed.errors:
             return StepOutcome(done=True)
-        results = await self.executor.run(parsed.calls, state)
-        results += [self.executor.error_result(err) for err in parsed.errors]
-        errors: dict[str, int] = {}
-        out = []
-        for r in results:
-            if r.error_kind:
-                errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
-            if r.truncated:
-                errors["result_truncated"] = errors.get("result_truncated", 0) + 1
-            out.append(Message(role="tool", content=r.content, tool_call_id=r.call_id, name=r.name))
+        results = await self.executor.run_turn(parsed, state)
+        out = [r.to_message() for r in results]
+        errors = count_tool_errors(results)
         return StepOutcome(
             messages=out, tool_errors=errors, num_tool_calls=len(parsed.calls) + len(parsed.errors)
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 from looprl.envs.base import Limits, ToolEnv
 from looprl.rubrics import Rubric
+from looprl.tools.executor import ERROR_KINDS
 from looprl.types import EpisodeResult, Message, Task
 
 SYSTEM_PROMPT = (
@@ -146,7 +147,7 @@ def used_tool(episode: EpisodeResult) -> float:
     return float(episode.num_tool_calls > sum(episode.tool_errors.get(k, 0) for k in _CALL_ERRORS) and episode.num_tool_calls > 0)
 
 
-_CALL_ERRORS = ("malformed_json", "unknown_tool", "missing_argument", "unexpected_argument", "invalid_argument", "exception", "timeout")
+_CALL_ERRORS = ERROR_KINDS
 
 
 def tool_call_validity(episode: EpisodeResult) -> float:

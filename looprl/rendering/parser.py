@@ -141,30 +141,52 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
         return ParseError(kind, message, raw, call_id, name)
 
     if not body.strip():
-        return error(INVALID_JSON, f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it")
+        return error(
+            INVALID_JSON,
+            f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it",
+        )
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as exc:
-        return error(INVALID_JSON, f"invalid JSON in <tool_call>: {exc}; expected an object like {_EXAMPLE}")
+        return error(
+            INVALID_JSON, f"invalid JSON in <tool_call>: {exc}; expected an object like {_EXAMPLE}"
+        )
     if not isinstance(obj, dict):
-        return error(NOT_OBJECT, f"the tool call must be a JSON object like {_EXAMPLE}, got {_json_type(obj)}")
+        return error(
+            NOT_OBJECT,
+            f"the tool call must be a JSON object like {_EXAMPLE}, got {_json_type(obj)}",
+        )
     if "name" not in obj:
-        return error(MISSING_NAME, f'the tool call has no "name" key; expected an object like {_EXAMPLE}')
+        return error(
+            MISSING_NAME, f'the tool call has no "name" key; expected an object like {_EXAMPLE}'
+        )
     name = obj["name"]
     if not isinstance(name, str) or not name.strip():
         shown = "an empty string" if isinstance(name, str) else _json_type(name)
         return error(BAD_NAME, f'"name" must be a non-empty string naming a tool, got {shown}')
     if "arguments" in obj and "parameters" in obj:
-        return error(BAD_ARGUMENTS, 'give the arguments once, under "arguments" (not also "parameters")', name)
+        return error(
+            BAD_ARGUMENTS,
+            'give the arguments once, under "arguments" (not also "parameters")',
+            name,
+        )
     key = "parameters" if "parameters" in obj else "arguments"
     args: Any = obj.get(key, {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
-            return error(BAD_ARGUMENTS, f'"{key}" is a string but not valid JSON: {exc}; pass a JSON object', name)
+            return error(
+                BAD_ARGUMENTS,
+                f'"{key}" is a string but not valid JSON: {exc}; pass a JSON object',
+                name,
+            )
     if not isinstance(args, dict):
-        return error(BAD_ARGUMENTS, f'"{key}" must be a JSON object of argument names to values, got {_json_type(args)}', name)
+        return error(
+            BAD_ARGUMENTS,
+            f'"{key}" must be a JSON object of argument names to values, got {_json_type(args)}',
+            name,
+        )
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
 
 
@@ -191,4 +213,6 @@ def get_parser(name: str) -> ToolCallParser:
     try:
         return PARSERS[name]()
     except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}") from None
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
+        ) from None

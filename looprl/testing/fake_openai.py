@@ -119,7 +119,9 @@ class FakeOpenAIServer:
     def base_url(self) -> str:
         """The OpenAI base URL, e.g. `http://127.0.0.1:54321/v1`."""
         if not self.port:
-            raise RuntimeError("FakeOpenAIServer is not running; call start() or use it in a `with`")
+            raise RuntimeError(
+                "FakeOpenAIServer is not running; call start() or use it in a `with`"
+            )
         return f"http://127.0.0.1:{self.port}/v1"
 
     @property
@@ -238,6 +240,10 @@ class FakeOpenAIServer:
                 if not keep_open or headers.get("connection", "").lower() == "close":
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        except asyncio.CancelledError:
+            # stop() cancels open connections. Finish normally: Python 3.11's stream callback
+            # calls task.exception() on the finished handler, which raises for a cancelled task.
             return
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]

@@ -142,7 +142,9 @@ class ToolExecutor:
         """
         missing = sorted(self.state_keys - set(state))
         if missing:
-            users = sorted(t.name for t in self.tools.values() if set(t.hidden.values()) & set(missing))
+            users = sorted(
+                t.name for t in self.tools.values() if set(t.hidden.values()) & set(missing)
+            )
             raise ValueError(
                 f"episode state lacks hidden tool argument(s) {missing} needed by tool(s) {users}; "
                 "add them in the environment's setup_state"
@@ -154,7 +156,9 @@ class ToolExecutor:
 
     async def run_turn(self, parsed: ParsedTurn, state: Mapping[str, Any]) -> list[ToolResult]:
         """Answer a whole parsed turn: run its calls and answer its parse errors, in written order."""
-        results = {id(c): r for c, r in zip(parsed.calls, await self.run(parsed.calls, state), strict=True)}
+        results = {
+            id(c): r for c, r in zip(parsed.calls, await self.run(parsed.calls, state), strict=True)
+        }
         out: list[ToolResult] = []
         for item in parsed.ordered():
             out.append(results[id(item)] if isinstance(item, ToolCall) else self.error_result(item))
@@ -197,14 +201,21 @@ class ToolExecutor:
         expects = f"The tool's signature is {tool.signature}."
         if not isinstance(arguments, dict):
             raise _CallError(
-                MALFORMED_JSON, f"arguments of {tool.name!r} must be a JSON object, got {type(arguments).__name__}. {expects}"
+                MALFORMED_JSON,
+                f"arguments of {tool.name!r} must be a JSON object, got {type(arguments).__name__}. {expects}",
             )
         extra = [k for k in arguments if k not in tool.params]
         if extra:
-            raise _CallError(UNEXPECTED_ARGUMENT, f"{tool.name!r} got unexpected argument(s) {_names(extra)}. {expects}")
+            raise _CallError(
+                UNEXPECTED_ARGUMENT,
+                f"{tool.name!r} got unexpected argument(s) {_names(extra)}. {expects}",
+            )
         missing = [n for n, p in tool.params.items() if p.required and n not in arguments]
         if missing:
-            raise _CallError(MISSING_ARGUMENT, f"{tool.name!r} is missing required argument(s) {_names(missing)}. {expects}")
+            raise _CallError(
+                MISSING_ARGUMENT,
+                f"{tool.name!r} is missing required argument(s) {_names(missing)}. {expects}",
+            )
         values: dict[str, Any] = {}
         problems: list[str] = []
         for name, value in arguments.items():
@@ -213,7 +224,10 @@ class ToolExecutor:
             except pydantic.ValidationError as exc:
                 problems.extend(_describe(name, e) for e in exc.errors())
         if problems:
-            raise _CallError(INVALID_ARGUMENT, f"invalid argument(s) for {tool.name!r}: {'; '.join(problems)}. {expects}")
+            raise _CallError(
+                INVALID_ARGUMENT,
+                f"invalid argument(s) for {tool.name!r}: {'; '.join(problems)}. {expects}",
+            )
         return values
 
     async def _invoke(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
@@ -227,7 +241,9 @@ class ToolExecutor:
                 return await loop.run_in_executor(self._threads(), call)
         except TimeoutError as exc:
             if deadline.expired():
-                raise _CallError(TIMEOUT, f"tool {tool.name!r} timed out after {self.timeout:g} s") from None
+                raise _CallError(
+                    TIMEOUT, f"tool {tool.name!r} timed out after {self.timeout:g} s"
+                ) from None
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
@@ -241,7 +257,10 @@ class ToolExecutor:
         limit = self.max_result_chars
         if len(content) <= limit:
             return content, False
-        return f"{content[:limit]}\n[truncated: {len(content)} chars, showing the first {limit}]", True
+        return (
+            f"{content[:limit]}\n[truncated: {len(content)} chars, showing the first {limit}]",
+            True,
+        )
 
 
 def _tools_from_mapping(tools: Mapping[str, Tool | Callable[..., Any]]) -> dict[str, Tool]:
@@ -250,7 +269,9 @@ def _tools_from_mapping(tools: Mapping[str, Tool | Callable[..., Any]]) -> dict[
     for key, value in tools.items():
         tool = value if isinstance(value, Tool) else make_tool(value, name=key)
         if tool.name != key:
-            raise ValueError(f"tool mapping key {key!r} differs from the tool's name {tool.name!r}; use the same name")
+            raise ValueError(
+                f"tool mapping key {key!r} differs from the tool's name {tool.name!r}; use the same name"
+            )
         out[key] = tool
     return out
 

@@ -17,8 +17,10 @@ and the executor fills them from the episode state (`state["key"]`), e.g. a sand
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
+import json
 import re
 import types
 from collections.abc import Callable, Iterable
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import pydantic
+import pydantic_core
 from pydantic import TypeAdapter
 from typing_extensions import is_typeddict
 
@@ -140,13 +143,17 @@ def _check_type(tp: Any, where: str) -> None:
         return
     if origin is Annotated:
         if any(isinstance(m, Hidden) for m in tp.__metadata__):
-            raise TypeError(f"{where}: Hidden(...) may only annotate a whole parameter, not a nested type")
+            raise TypeError(
+                f"{where}: Hidden(...) may only annotate a whole parameter, not a nested type"
+            )
         _check_type(get_args(tp)[0], where)
         return
     if origin is Literal:
         for value in get_args(tp):
             if not isinstance(value, (str, int, float, bool, type(None))):
-                raise TypeError(f"{where}: Literal values must be str, int, float, bool or None, got {value!r}")
+                raise TypeError(
+                    f"{where}: Literal values must be str, int, float, bool or None, got {value!r}"
+                )
         return
     if origin in (Union, types.UnionType):
         for arg in get_args(tp):
@@ -193,8 +200,12 @@ def _clean(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
             out[key] = {name: _clean(sub, defs, stack) for name, sub in value.items()}
         else:
             out[key] = _clean(value, defs, stack)
+    if "type" in out:  # put the type first: easier to read for people and small models
+        out = {"type": out.pop("type"), **out}
     variants = out.get("anyOf")
-    if isinstance(variants, list) and all(isinstance(v, dict) and set(v) == {"type"} for v in variants):
+    if isinstance(variants, list) and all(
+        isinstance(v, dict) and set(v) == {"type"} for v in variants
+    ):
         del out["anyOf"]
         out = {"type": [v["type"] for v in variants], **out}
     return out
@@ -220,10 +231,41 @@ def _recursive_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, A
 
 
 def _type_str(tp: Any) -> str:
-    """A short readable form of an annotation (`list[int]`, `Literal['a', 'b']`, `int | None`)."""
-    if isinstance(tp, type) and get_origin(tp) is None and not get_args(tp):
-        return tp.__name__ if tp is not type(None) else "None"
-    return re.sub(r"\b(typing|typing_extensions|builtins)\.", "", repr(tp))
+    """A short readable form of an annotation (`list[int]`, `Literal['a', 'b']`, `Point | None`)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is type(None):
+        return "None"
+    if tp is Any:
+        return "Any"
+    if origin is Annotated:
+        return _type_str(args[0])
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_str(a) for a in args)
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    if origin is not None and args:
+        return (
+            f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_str(a) for a in args)}]"
+        )
+    return str(getattr(tp, "__name__", tp))
+
+
+def _resolve(fn: Callable[..., Any], annotation: Any, where: str) -> Any:
+    """Evaluate a string annotation (`from __future__ import annotations`) in the tool's module.
+
+    Only parameter annotations are evaluated, so a return type that cannot be resolved here
+    (a class local to a test function, say) does not matter.
+    """
+    if not isinstance(annotation, str):
+        return annotation
+    namespace = dict(getattr(inspect.unwrap(fn), "__globals__", {}))
+    try:
+        return eval(annotation, namespace)  # the same evaluation inspect.get_annotations performs
+    except Exception as exc:
+        raise TypeError(
+            f"{where}: cannot resolve the annotation {annotation!r} ({type(exc).__name__}: {exc}); "
+            "define the types it names at module level"
+        ) from exc
 
 
 def _hidden_key(annotation: Any) -> str | None:
@@ -240,7 +282,9 @@ def _adapter(annotation: Any, where: str) -> TypeAdapter[Any]:
         adapter.json_schema()
     except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as exc:
         first = str(exc).splitlines()[0]
-        raise TypeError(f"{where}: pydantic cannot describe {_type_str(annotation)}: {first}") from exc
+        raise TypeError(
+            f"{where}: pydantic cannot describe {_type_str(annotation)}: {first}"
+        ) from exc
     return adapter
 
 
@@ -251,49 +295,62 @@ def _param_schema(param: Param, doc: str | None, defs: dict[str, Any]) -> dict[s
     if doc and "description" not in prop:
         prop["description"] = doc
     if not param.required:
-        try:
-            prop["default"] = param.adapter.dump_python(param.default, mode="json")
-        except (pydantic.PydanticSerializationError, TypeError, ValueError):
-            pass  # a default JSON cannot show is simply not advertised
+        # a default JSON cannot show is simply not advertised
+        with contextlib.suppress(pydantic_core.PydanticSerializationError, TypeError, ValueError):
+            prop["default"] = param.adapter.dump_python(param.default, mode="json", warnings=False)
     return prop
 
 
-def make_tool(fn: Callable[..., Any], *, name: str | None = None) -> Tool:
-    """Build a `Tool` (schema, validators, hidden parameters) from a typed function.
+def _default_str(param: Param, prop: dict[str, Any]) -> str:
+    """A default as the model would write it (JSON), falling back to Python's repr."""
+    return (
+        json.dumps(prop["default"], ensure_ascii=False)
+        if "default" in prop
+        else repr(param.default)
+    )
 
-    Raises TypeError naming the function and parameter when a hint is missing or unsupported, or
-    when the signature uses *args, **kwargs or positional-only parameters.
-    """
-    tool_name = name or _fn_name(fn)
+
+def _read_params(
+    fn: Callable[..., Any], tool_name: str
+) -> tuple[dict[str, Param], dict[str, str], dict[str, Any]]:
+    """The visible parameters, hidden parameter -> state key, and hidden defaults of `fn`."""
     try:
-        sig = inspect.signature(fn, eval_str=True)
-    except (NameError, TypeError, ValueError) as exc:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
         raise TypeError(f"tool {tool_name!r}: cannot read its signature: {exc}") from exc
-    description, arg_docs = parse_docstring(inspect.getdoc(fn))
     params: dict[str, Param] = {}
     hidden: dict[str, str] = {}
     hidden_defaults: dict[str, Any] = {}
     for p in sig.parameters.values():
         where = f"tool {tool_name!r}, parameter {p.name!r}"
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
-            raise TypeError(f"{where}: *args, **kwargs and positional-only parameters cannot be described to a model; name each parameter")
+            raise TypeError(
+                f"{where}: *args, **kwargs and positional-only parameters cannot be described "
+                "to a model; name each parameter"
+            )
         if p.annotation is p.empty:
             raise TypeError(f"{where}: missing type hint; annotate it (e.g. `{p.name}: str`)")
-        key = _hidden_key(p.annotation)
+        annotation = _resolve(fn, p.annotation, where)
+        key = _hidden_key(annotation)
         if key is not None:
             hidden[p.name] = key
             if p.default is not p.empty:
                 hidden_defaults[p.name] = p.default
             continue
-        _check_type(p.annotation, where)
+        _check_type(annotation, where)
         required = p.default is p.empty
         params[p.name] = Param(
             name=p.name,
-            annotation=p.annotation,
-            adapter=_adapter(p.annotation, where),
+            annotation=annotation,
+            adapter=_adapter(annotation, where),
             required=required,
             default=None if required else p.default,
         )
+    return params, hidden, hidden_defaults
+
+
+def _parameters_schema(params: dict[str, Param], arg_docs: dict[str, str]) -> dict[str, Any]:
+    """The JSON schema of the visible parameters (an object schema, `$defs` only for recursion)."""
     defs: dict[str, Any] = {}
     properties = {n: _param_schema(prm, arg_docs.get(n), defs) for n, prm in params.items()}
     parameters: dict[str, Any] = {
@@ -304,21 +361,34 @@ def make_tool(fn: Callable[..., Any], *, name: str | None = None) -> Tool:
     recursive = _recursive_defs(parameters, defs)
     if recursive:
         parameters["$defs"] = recursive
-    schema = {
-        "type": "function",
-        "function": {"name": tool_name, "description": description, "parameters": parameters},
-    }
+    return parameters
+
+
+def make_tool(fn: Callable[..., Any], *, name: str | None = None) -> Tool:
+    """Build a `Tool` (schema, validators, hidden parameters) from a typed function.
+
+    `name` overrides the function's `__name__` (needed for lambdas, partials and callable objects).
+    Raises TypeError naming the function and parameter when a hint is missing or unsupported, or
+    when the signature uses *args, **kwargs or positional-only parameters.
+    """
+    tool_name = name or _fn_name(fn)
+    params, hidden, hidden_defaults = _read_params(fn, tool_name)
+    description, arg_docs = parse_docstring(inspect.getdoc(fn))
+    parameters = _parameters_schema(params, arg_docs)
     shown = [
-        f"{n}: {_type_str(prm.annotation)}" + ("" if prm.required else f" = {prm.default!r}")
+        f"{n}: {_type_str(prm.annotation)}"
+        + ("" if prm.required else f" = {_default_str(prm, parameters['properties'][n])}")
         for n, prm in params.items()
     ]
     return Tool(
         name=tool_name,
         fn=fn,
-        schema=schema,
+        schema={
+            "type": "function",
+            "function": {"name": tool_name, "description": description, "parameters": parameters},
+        },
         hidden=hidden,
-        is_async=inspect.iscoroutinefunction(fn)
-        or inspect.iscoroutinefunction(getattr(fn, "__call__", None)),
+        is_async=inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__),
         params=params,
         hidden_defaults=hidden_defaults,
         signature=f"{tool_name}({', '.join(shown)})",

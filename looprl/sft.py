@@ -1,0 +1,139 @@
+"""Supervised warm-start: train on assistant turns of conversations (JSONL), masking everything else."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looprl.rendering.renderer import Renderer
+from looprl.types import Message
+
+
+@dataclass
+class SFTExample:
+    """Token ids of one rendered conversation and the loss mask (1 on assistant tokens)."""
+
+    token_ids: list[int]
+    mask: list[int]
+
+
+def read_conversations(path: Path) -> list[dict[str, Any]]:
+    """Read a JSONL file of `{"messages": [...], "tools": [...]}` rows (OpenAI message format)."""
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg}); each line must be one conversation") from None
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise ValueError(f'{path}:{i}: expected an object with a "messages" list')
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no conversations")
+    return rows
+
+
+def encode_conversation(renderer: Renderer, messages: list[Message], eos_text: str) -> SFTExample:
+    """Render a conversation; mark each assistant turn's tokens (content + end-of-turn) as trained.
+
+    The mask is built turn by turn with the same prefix property the rollout relies on, so the
+    model learns exactly the tokens it would sample, not the template glue after them.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    tail = renderer.closing[len(eos_text) :] if renderer.closing.startswith(eos_text) else ""
+    tail_ids = renderer.encode(tail) if tail else []
+    for i, msg in enumerate(messages):
+        if msg.role != "assistant":
+            continue
+        prompt = renderer.render_ids(messages[:i], add_generation_prompt=True)
+        full = renderer.render_ids(messages[: i + 1], add_generation_prompt=False)
+        if prompt[: len(ids)] != ids or full[: len(prompt)] != prompt:
+            raise ValueError("the chat template is not prefix-safe for this conversation; cannot mask turns")
+        mask += [0] * (len(prompt) - len(ids))
+        turn = full[len(prompt) :]
+        n_tail = len(tail_ids) if tail_ids and turn[-len(tail_ids) :] == tail_ids else 0
+        mask += [1] * (len(turn) - n_tail) + [0] * n_tail
+        ids = full
+    if not ids:
+        raise ValueError("a conversation has no assistant message to learn from")
+    return SFTExample(ids, mask)
+
+
+def sft_train(
+    model: torch.nn.Module,
+    examples: list[SFTExample],
+    *,
+    epochs: float = 1.0,
+    lr: float = 1e-3,
+    batch_size: int = 16,
+    seed: int = 0,
+    warmup_frac: float = 0.05,
+    log: Any = None,
+) -> list[float]:
+    """Masked next-token cross-entropy with AdamW and a cosine schedule; returns the loss per step."""
+    device = next(model.parameters()).device
+    rng = random.Random(seed)
+    steps = max(1, math.ceil(len(examples) * epochs / batch_size))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    warm = max(1, int(steps * warmup_frac))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
+    )
+    order: list[int] = []
+    losses = []
+    model.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if len(order) < batch_size:
+            perm = list(range(len(examples)))
+            rng.shuffle(perm)
+            order += perm
+        chunk, order = order[:batch_size], order[batch_size:]
+        loss = _sft_loss(model, [examples[i] for i in chunk], device)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if log is not None and (step % 20 == 0 or step == steps - 1):
+            log(step + 1, steps, float(loss), time.perf_counter() - t0)
+    model.eval()
+    return losses
+
+
+def _sft_loss(model: torch.nn.Module, batch: list[SFTExample], device: torch.device) -> torch.Tensor:
+    t_max = max(len(e.token_ids) for e in batch)
+    ids = torch.zeros((len(batch), t_max), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros((len(batch), t_max), dtype=torch.float32)
+    for i, e in enumerate(batch):
+        n = len(e.token_ids)
+        ids[i, :n] = torch.tensor(e.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(e.mask, dtype=torch.float32)
+    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+    m = mask[:, 1:]
+    return (nll * m).sum() / m.sum().clamp(min=1.0)
+
+
+def examples_from_rows(renderer_for: Any, rows: Iterable[dict[str, Any]], eos_text: str) -> list[SFTExample]:
+    """Encode rows; `renderer_for(tools)` gives the renderer offering that row's tools."""
+    out = []
+    for row in rows:
+        messages = [Message.from_dict(m) for m in row["messages"]]
+        out.append(encode_conversation(renderer_for(row.get("tools") or []), messages, eos_text))
+    return out

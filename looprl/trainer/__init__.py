@@ -1,0 +1,1 @@
+"""The RL trainer: config, batching, updates, checkpoints, logging and plots."""

@@ -1,0 +1,157 @@
+"""From scored episodes to training tensors: advantages per group, samples, micro-batches, logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from looprl.algorithms.objective import group_advantages as objective_advantages
+from looprl.algorithms.presets import AlgorithmConfig
+from looprl.types import EpisodeResult
+
+
+@dataclass
+class Sample:
+    """One training sequence (an episode segment) with its sequence-level advantage."""
+
+    token_ids: list[int]
+    mask: list[int]
+    sampler_logprobs: list[float]
+    advantage: float
+    reward: float
+    truncated: bool
+    group: int
+
+
+def group_advantages(
+    groups: list[list[EpisodeResult]], algo: AlgorithmConfig, max_len: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """Samples from every trainable episode, with advantages computed within its group.
+
+    Episodes with rollout or scoring errors are left out (and do not enter the group's
+    baseline); groups with fewer than two trainable episodes give no samples. Groups that lost
+    episodes are scored on their own, the complete ones together (batch whitening sees those).
+    For the token-level GAE estimator (PPO) the advantage here is 0; the update computes it
+    from the value head. `max_len` is the per-episode generation budget for overlong shaping.
+    """
+    usable = [[ep for ep in g if ep.trainable] for g in groups]
+    usable = [g for g in usable if len(g) >= 2]
+    by_size: dict[int, list[list[EpisodeResult]]] = {}
+    for g in usable:
+        by_size.setdefault(len(g), []).append(g)
+    samples: list[Sample] = []
+    stats: dict[str, float] = {"groups_used": float(len(usable)), "zero_var_frac": 0.0, "keep_frac": 0.0}
+    for gi, (_size, same) in enumerate(sorted(by_size.items())):
+        rewards = torch.tensor([[ep.reward for ep in g] for g in same], dtype=torch.float32)  # (N, G)
+        lengths = torch.tensor([[ep.num_generated_tokens for ep in g] for g in same], dtype=torch.float32)
+        truncated = torch.tensor([[ep.truncated for ep in g] for g in same])
+        res = objective_advantages(algo, rewards, lengths=lengths, truncated=truncated, max_len=max_len)
+        weight = len(same) / max(1, len(usable))
+        stats["zero_var_frac"] += res.stats["zero_variance_group_frac"] * weight
+        stats["keep_frac"] += res.stats["keep_frac"] * weight
+        adv = res.advantages if res.advantages is not None else torch.zeros_like(rewards)
+        for n, g in enumerate(same):
+            for k, ep in enumerate(g):
+                if not bool(res.keep[n, k]):
+                    continue
+                for seg in ep.trajectories:
+                    if seg.num_sampled:
+                        samples.append(
+                            Sample(seg.token_ids, seg.mask, seg.logprobs, float(adv[n, k]), float(res.rewards[n, k]), ep.truncated, gi * 100_000 + n)
+                        )
+    return samples, stats
+
+
+def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
+    """Split samples (in order) into micro-batches whose padded size stays within the budget.
+
+    A sequence longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[Sample]] = []
+    current: list[Sample] = []
+    longest = 0
+    for s in samples:
+        n = len(s.token_ids)
+        if current and max(longest, n) * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(s)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class Batch:
+    """Padded tensors of one micro-batch, already shifted for next-token prediction.
+
+    `input_ids`/`attention_mask` are (B, T); the rest are (B, T-1) and describe the target
+    tokens `input_ids[:, 1:]`.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+
+
+def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> Batch:
+    """Right-pad a micro-batch into tensors on `device`."""
+    t_max = max(len(s.token_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, t_max), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, t_max), dtype=torch.long)
+    mask = torch.zeros((b, t_max), dtype=torch.float32)
+    lps = torch.zeros((b, t_max), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
+        lps[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None].expand(b, t_max - 1)
+    return Batch(
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        targets=ids[:, 1:].to(device),  # (B, T-1)
+        loss_mask=mask[:, 1:].to(device),  # (B, T-1)
+        sampler_logprobs=lps[:, 1:].to(device),  # (B, T-1)
+        advantages=adv.contiguous().to(device),  # (B, T-1)
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
+    )
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    with_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probabilities of the target tokens under `model` at the sampling temperature.
+
+    Returns (logprobs (B, T-1), entropy (B, T-1) or None, last hidden states (B, T-1, H) or None).
+    The entropy carries gradient only with `entropy_grad` (needed for an entropy bonus).
+    """
+    from looprl.algorithms.kl import entropy_from_logits
+
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        output_hidden_states=with_hidden,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :].float() / temperature  # (B, T-1, V)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)  # (B, T-1)
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T-1)
+    hidden = out.hidden_states[-1][:, :-1, :] if with_hidden else None
+    return logprobs, entropy, hidden

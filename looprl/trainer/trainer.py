@@ -1,0 +1,282 @@
+"""The RL training loop: sample groups -> score -> advantages -> update -> sync -> eval -> log -> checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from looprl.algorithms.presets import resolve_algorithm
+from looprl.console import console
+from looprl.evaluation import ResultsWriter, summarize, write_metadata
+from looprl.rendering.renderer import Renderer
+from looprl.rollout import RolloutConfig, run_groups
+from looprl.trainer import setup as S
+from looprl.trainer.batch import group_advantages
+from looprl.trainer.config import TrainConfig
+from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
+from looprl.types import EpisodeResult, SamplingParams, Task
+
+
+def step_seed(seed: int, step: int, tag: str = "train") -> int:
+    """A per-step sampling seed, so a resumed run samples exactly what the original would have."""
+    return int.from_bytes(hashlib.sha256(f"{seed}|{tag}|{step}".encode()).digest()[:4], "little")
+
+
+class Trainer:
+    """Owns one training run. `Trainer(cfg).run()` trains, evaluates, checkpoints and exports."""
+
+    def __init__(self, cfg: TrainConfig, *, run_dir: Path | None = None, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.algo = resolve_algorithm(cfg.algorithm.preset, **cfg.algorithm.overrides)
+        self.env = S.load_env(cfg)  # before any heavy work: a bad env name fails fast
+        name = cfg.run.name or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.run_dir = run_dir or Path(cfg.run.output_dir) / name
+        self.resume = resume
+        self.step = 0
+        self.cursor = 0
+        self.history: list[dict[str, float]] = []
+
+    # ---------------------------------------------------------------- set-up
+    def _setup(self) -> None:
+        from looprl.engines.torch_engine import TorchEngine
+        from looprl.models.loading import load_model
+        from looprl.trainer.logger import MetricsLogger
+
+        cfg = self.cfg
+        S.seed_everything(cfg.trainer.seed)
+        self.device = S.pick_device(cfg.trainer.device)
+        model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
+        self.model.eval()
+        separate = cfg.model.lora or cfg.trainer.one_step_ahead
+        self.engine_model = S.engine_copy(self.model) if separate else self.model
+        self.engine = TorchEngine(self.engine_model, self.tokenizer, seed=cfg.trainer.seed)
+        if not separate and not cfg.algorithm.overrides.get("use_tis"):
+            # sampler and trainer share weights: the correction would be the identity
+            self.algo.use_tis = False
+        self.renderer = Renderer(self.tokenizer, self.env.tool_schemas)
+        hidden = self.model.config.hidden_size if hasattr(self.model, "config") else None
+        self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
+        self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
+        self.optimizer = S.make_optimizer(self.model, self.value_head, cfg.optim)
+        self.scheduler = S.make_scheduler(self.optimizer, cfg.optim, cfg.trainer.steps)
+        self.ctx = UpdateContext(
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
+            pad_id=self.tokenizer.pad_token_id or 0, device=self.device, temperature=cfg.rollout.temperature,
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
+            updates_per_batch=cfg.algorithm.updates_per_batch, value_head=self.value_head, ref_model=self.ref_model,
+        )  # fmt: skip
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume:
+            self._restore()
+        else:
+            (self.run_dir / "config.json").write_text(json.dumps(self._config_record(), indent=2))
+        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard, resume_step=self.step if self.resume else None)
+        self.eval_tasks = self.env.get_tasks("eval", cfg.trainer.eval_tasks, seed=cfg.trainer.seed)
+        self.sampling = SamplingParams(
+            max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+        )  # fmt: skip
+
+    def _config_record(self) -> dict[str, Any]:
+        return {"config": self.cfg.model_dump(), "algorithm": vars(self.algo), "model": self.cfg.model.name}
+
+    def _restore(self) -> None:
+        from looprl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            console.print(f"[yellow]no checkpoint in {self.run_dir}; starting from step 0[/yellow]")
+            return
+        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, value_head=self.value_head)
+        self.step, self.cursor = int(state["step"]), int(state["cursor"])
+        if self.engine_model is not self.model:
+            S.copy_weights(self.model, self.engine_model)
+        console.print(f"resumed from {ckpt} (step {self.step})")
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> dict[str, float]:
+        """Train to `trainer.steps` (or early stop); returns the last step's metrics."""
+        self._setup()
+        console.print(f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}")
+        console.print_json(json.dumps(self.cfg.model_dump()))
+        try:
+            return asyncio.run(self._loop())
+        finally:
+            self.logger.close()
+
+    async def _loop(self) -> dict[str, float]:
+        from looprl.trainer.plots import plot_run
+
+        cfg = self.cfg.trainer
+        last: dict[str, float] = {}
+        pending: asyncio.Task[tuple[list[list[EpisodeResult]], float, int]] | None = None
+        while self.step < cfg.steps:
+            step = self.step + 1
+            if pending is not None:
+                groups, gen_s, used = await pending
+            else:
+                groups, gen_s, used = await self._collect(step, self.cursor)
+            self.cursor += used
+            pending = None
+            if cfg.one_step_ahead and step < cfg.steps and step % cfg.save_every:
+                # prefetch the next batch with the current weights; never across a checkpoint,
+                # so a resumed run regenerates exactly what the uninterrupted run did
+                pending = asyncio.create_task(self._collect(step + 1, self.cursor))
+                metrics = await asyncio.to_thread(self._update, groups)
+                await asyncio.wait({pending})  # the engine must be idle before its weights change
+            else:
+                metrics = self._update(groups)
+            metrics.update(self._sync())
+            metrics["time/generate"] = gen_s
+            metrics.update(self._rollout_metrics(groups, gen_s))
+            self.step = step
+            if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
+                metrics.update(await self._evaluate(step))
+            self.logger.log(step, metrics)
+            self._save_rollouts(step, groups)
+            last = metrics
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                self._checkpoint()
+                plot_run(self.run_dir)
+            if self._early_stop(metrics):
+                console.print(f"early stop: {cfg.early_stop_metric} reached {metrics[cfg.early_stop_metric or '']:.3f}")
+                if step % cfg.save_every:
+                    self._checkpoint()
+                break
+        if pending is not None:
+            await pending  # let the engine finish before shutting it down
+        self._export()
+        plot_run(self.run_dir)
+        await self.engine.close()
+        return last
+
+    async def _collect(self, step: int, cursor: int) -> tuple[list[list[EpisodeResult]], float, int]:
+        """Roll out one batch of groups; with dynamic sampling replace zero-variance groups."""
+        rc = self.cfg.rollout
+        start = time.perf_counter()
+        config = RolloutConfig(sampling=self.sampling, seed=step_seed(self.cfg.trainer.seed, step))
+        kept: list[list[EpisodeResult]] = []
+        used = 0
+        for _round in range(1 + (rc.max_refill_rounds if self.algo.dynamic_sampling else 0)):
+            need = rc.tasks_per_step - len(kept)
+            tasks = self._tasks(cursor + used, need)
+            used += need
+            groups = await run_groups(
+                self.env, self.engine, [(t, list(range(rc.rollouts_per_task))) for t in tasks],
+                renderer=self.renderer, config=config, max_concurrent_groups=rc.max_concurrent_groups,
+            )  # fmt: skip
+            if not self.algo.dynamic_sampling:
+                return groups, time.perf_counter() - start, used
+            kept += [g for g in groups if len({ep.reward for ep in g if ep.trainable}) > 1]
+            if len(kept) >= rc.tasks_per_step:
+                break
+        return kept or groups, time.perf_counter() - start, used
+
+    def _tasks(self, cursor: int, n: int) -> list[Task]:
+        it = self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor)
+        return [next(it) for _ in range(n)]
+
+    def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
+        """Advantages and the optimizer update for one batch; returns training metrics."""
+        t0 = time.perf_counter()
+        max_len = self.sampling.max_tokens * self.env.limits.max_turns
+        samples, adv_stats = group_advantages(groups, self.algo, max_len)
+        stats = train_on_batch(self.ctx, samples)
+        seconds = time.perf_counter() - t0
+        out = {**adv_stats, **stats, "time/train": seconds}
+        out["train_tokens_per_s"] = stats.get("train_tokens", 0.0) / max(seconds, 1e-9)
+        return out
+
+    def _sync(self) -> dict[str, float]:
+        """Copy the new weights into the engine's copy (free when they share tensors)."""
+        t0 = time.perf_counter()
+        if self.engine_model is not self.model:
+            S.copy_weights(self.model, self.engine_model)
+        return {"time/sync": time.perf_counter() - t0}
+
+    def _rollout_metrics(self, groups: list[list[EpisodeResult]], gen_s: float) -> dict[str, float]:
+        episodes = [ep for g in groups for ep in g]
+        summary = summarize(episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s)
+        out = {
+            "reward/mean": summary["reward_mean"],
+            "reward/std": summary["reward_std"],
+            "turns": summary["turns_mean"],
+            "tool_calls": summary["tool_calls_mean"],
+            "truncated_frac": summary["truncated"] / max(1, len(episodes)),
+            "rollout_errors": float(summary["rollout_errors"]),
+            "scoring_errors": float(summary["scoring_errors"]),
+            "tokens_per_s": summary.get("tokens_per_second", 0.0),
+            "gen_tokens": float(summary["generated_tokens"]),
+            "time/score": sum(ep.timings.get("score", 0.0) for ep in episodes),
+        }
+        out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
+        return out
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        """Held-out evaluation; results saved under eval/step_XXXXXX/."""
+        cfg = self.cfg.trainer
+        sampling = SamplingParams(**{**self.sampling.to_dict(), "temperature": cfg.eval_temperature})
+        config = RolloutConfig(sampling=sampling, seed=step_seed(cfg.seed, 0, "eval"))
+        out_dir = self.run_dir / "eval" / f"step_{step:06d}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.jsonl").unlink(missing_ok=True)
+        writer = ResultsWriter(out_dir / "results.jsonl")
+        t0 = time.perf_counter()
+        groups = await run_groups(
+            self.env, self.engine, [(t, list(range(cfg.eval_rollouts))) for t in self.eval_tasks],
+            renderer=self.renderer, config=config, on_group=writer.write_group,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        episodes = [ep for g in groups for ep in g]
+        summary = summarize(episodes, rollouts_per_task=cfg.eval_rollouts, generate_seconds=seconds)
+        write_metadata(out_dir / "metadata.json", {"kind": "eval", "step": step, "model": self.cfg.model.name, "sampling": sampling.to_dict(), "summary": summary})
+        out = {"eval/reward": summary["reward_mean"], "time/eval": seconds}
+        out.update({f"eval/{k}": v for k, v in summary["rewards"].items()})
+        out.update({f"eval/{k}": v for k, v in summary["pass_at_k"].items()})
+        out["eval/turns"] = summary["turns_mean"]
+        out["eval/gen_tokens"] = summary["generated_tokens_mean"]
+        return out
+
+    def _save_rollouts(self, step: int, groups: list[list[EpisodeResult]]) -> None:
+        from looprl.trainer.logger import save_rollouts
+
+        n = self.cfg.trainer.save_rollouts
+        if n:
+            save_rollouts(self.run_dir, step, [ep for g in groups for ep in g][:n])
+
+    def _checkpoint(self) -> None:
+        from looprl.trainer.checkpoint import save_checkpoint
+
+        save_checkpoint(
+            self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            extra_state={"step": self.step, "cursor": self.cursor}, value_head=self.value_head,
+            keep_last=self.cfg.trainer.keep_last, adapter_only=self.cfg.model.lora,
+        )  # fmt: skip
+
+    def _early_stop(self, metrics: dict[str, float]) -> bool:
+        cfg = self.cfg.trainer
+        if cfg.early_stop_metric is None or cfg.early_stop_value is None:
+            return False
+        value = metrics.get(cfg.early_stop_metric)
+        return value is not None and value >= cfg.early_stop_value
+
+    def _export(self) -> None:
+        from looprl.trainer.checkpoint import export_hf
+
+        export_hf(self.model, self.tokenizer, self.run_dir / "final")
+        console.print(f"final model: {self.run_dir / 'final'}")
+
+
+def mean_or_nan(values: list[float]) -> float:
+    """Mean of a list, NaN when empty."""
+    return statistics.fmean(values) if values else float("nan")

@@ -1,0 +1,323 @@
+"""Find training runs and eval result directories on disk, and answer the viewer's queries on them.
+
+A training run directory holds `metrics.jsonl`, `config.json`, `rollouts/step_NNNNNN.jsonl` and
+`eval/step_NNNNNN/results.jsonl`; an eval result directory (from `looprl eval`) holds
+`metadata.json` and `results.jsonl`. Everything here only reads: the run directory is never
+written to. Indexes live in memory and grow as the files grow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from looprl.viewer.jsonl import (
+    FLAG_ERROR,
+    FLAG_TOOL_ERROR,
+    FLAG_TRUNCATED,
+    EpisodeFile,
+    Interner,
+    MetricsFile,
+)
+
+_STEP = re.compile(r"(\d+)")
+ERROR_FILTERS = ("all", "errors", "tool_errors", "truncated", "clean")
+
+
+def is_train_run(path: Path) -> bool:
+    """Whether `path` looks like a training run directory."""
+    return (path / "metrics.jsonl").is_file() or (path / "rollouts").is_dir()
+
+
+def is_eval_dir(path: Path) -> bool:
+    """Whether `path` looks like an eval result directory from `looprl eval`."""
+    return (path / "results.jsonl").is_file()
+
+
+def _step_of(name: str) -> int | None:
+    m = _STEP.findall(name)
+    return int(m[-1]) if m else None
+
+
+def file_key(source: str, step: int | None) -> str:
+    """The API's name for one episode file: `train:12`, `eval:10`, or `eval:-` (no step)."""
+    return f"{source}:{'-' if step is None else step}"
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content, or None when it is missing or not (yet) valid JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Query:
+    """A rollouts query: which files, which filters, which page."""
+
+    source: str = "train"
+    step: int | None = None  # None: every step
+    env: str | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    errors: str = "all"
+    task: str | None = None
+    offset: int = 0
+    limit: int = 50
+
+
+class Run:
+    """One training run or eval result directory, indexed lazily."""
+
+    def __init__(self, run_id: str, path: Path) -> None:
+        self.id = run_id
+        self.path = path
+        self.kind = "eval" if is_eval_dir(path) and not is_train_run(path) else "train"
+        self.metrics = MetricsFile(path / "metrics.jsonl")
+        self.tasks = Interner()
+        self.envs = Interner()
+        self.files: dict[str, tuple[str, int | None, EpisodeFile]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """The directory name shown in the page."""
+        return self.path.name
+
+    def scan(self) -> None:
+        """Pick up episode files that appeared since the last scan."""
+        found: list[tuple[str, int | None, Path]] = []
+        if self.kind == "eval":
+            found.append(("eval", None, self.path / "results.jsonl"))
+        else:
+            roll = self.path / "rollouts"
+            if roll.is_dir():
+                found += [("train", _step_of(p.stem), p) for p in roll.glob("*.jsonl")]
+            ev = self.path / "eval"
+            if ev.is_dir():
+                found += [
+                    ("eval", _step_of(p.parent.name), p) for p in ev.glob("*/results.jsonl")
+                ]
+        with self._lock:
+            for source, step, p in found:
+                key = file_key(source, step)
+                if key not in self.files:
+                    self.files[key] = (source, step, EpisodeFile(p, self.tasks, self.envs))
+
+    def episode_files(
+        self, source: str, step: int | None
+    ) -> list[tuple[str, int | None, EpisodeFile]]:
+        """(key, step, file) of one source (`train` or `eval`) in step order; one step or all."""
+        self.scan()
+        with self._lock:
+            picked = [(k, s, f) for k, (src, s, f) in self.files.items() if src == source]
+        if step is not None:
+            picked = [e for e in picked if e[1] == step]
+        return sorted(picked, key=lambda e: -1 if e[1] is None else e[1])
+
+    def info(self) -> dict[str, Any]:
+        """Summary for `/api/runs`: kind, files per source, metric count and notices."""
+        self.scan()
+        self.metrics.refresh(budget_s=0.2)
+        with self._lock:
+            files = sorted(self.files.items(), key=lambda kv: (kv[1][0], kv[1][1] or -1))
+        out_files = []
+        skipped = self.metrics.skipped
+        for key, (source, step, f) in files:
+            skipped += f.skipped
+            out_files.append(
+                {
+                    "key": key,
+                    "source": source,
+                    "step": step,
+                    "episodes_indexed": len(f),
+                    "skipped": f.skipped,
+                    "partial": f.partial,
+                }
+            )
+        meta = read_json(self.path / "metadata.json") if self.kind == "eval" else None
+        return {
+            "id": self.id,
+            "name": self.name,
+            "path": str(self.path),
+            "kind": self.kind,
+            "files": out_files,
+            "metric_rows": len(self.metrics.rows),
+            "metrics_notice": self.metrics.notice(),
+            "skipped_total": skipped,
+            "summary": meta.get("summary") if isinstance(meta, dict) else None,
+        }
+
+    def config(self) -> dict[str, Any]:
+        """The run's saved config (`config.json`) and eval metadata (`metadata.json`)."""
+        return {
+            "config": read_json(self.path / "config.json"),
+            "metadata": read_json(self.path / "metadata.json"),
+        }
+
+    def query(self, q: Query, budget_s: float = 0.4) -> dict[str, Any]:
+        """One page of episode summaries matching `q`, plus the total and indexing progress."""
+        if q.errors not in ERROR_FILTERS:
+            raise ValueError(f"unknown errors filter {q.errors!r}; choose one of {ERROR_FILTERS}")
+        deadline = time.perf_counter() + budget_s
+        complete = True
+        matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]] = []
+        total = 0
+        for key, step, f in self.episode_files(q.source, q.step):
+            left = deadline - time.perf_counter()
+            if left <= 0 or not f.refresh(budget_s=left):
+                complete = False
+            idx = self._filter(f, q)
+            if len(idx):
+                matches.append((key, step, f, idx))
+                total += len(idx)
+        items = self._page(matches, q.offset, q.limit)
+        return {
+            "items": items,
+            "total": total,
+            "complete": complete,
+            "envs": sorted(n for n in self.envs.names),
+            "offset": q.offset,
+            "limit": q.limit,
+        }
+
+    def _filter(self, f: EpisodeFile, q: Query) -> np.ndarray:
+        cols = f.columns()
+        keep = np.ones(len(cols["reward"]), dtype=bool)
+        if q.env is not None:
+            code = self.envs.ids.get(q.env)
+            keep &= cols["env"] == (-1 if code is None else code)
+        if q.task is not None:
+            code = self.tasks.ids.get(q.task)
+            keep &= cols["task"] == (-1 if code is None else code)
+        if q.min_reward is not None:
+            keep &= cols["reward"] >= q.min_reward
+        if q.max_reward is not None:
+            keep &= cols["reward"] <= q.max_reward
+        flags = cols["flags"]
+        if q.errors == "errors":
+            keep &= (flags & FLAG_ERROR) != 0
+        elif q.errors == "tool_errors":
+            keep &= (flags & FLAG_TOOL_ERROR) != 0
+        elif q.errors == "truncated":
+            keep &= (flags & FLAG_TRUNCATED) != 0
+        elif q.errors == "clean":
+            keep &= (flags & (FLAG_ERROR | FLAG_TOOL_ERROR)) == 0
+        return np.nonzero(keep)[0]
+
+    def _page(
+        self, matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]], offset: int, limit: int
+    ) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        skip = max(0, offset)
+        for key, step, f, idx in matches:
+            if skip >= len(idx):
+                skip -= len(idx)
+                continue
+            for i in idx[skip : skip + limit - len(items)]:
+                items.append(_item(key, step, f, int(i)))
+            skip = 0
+            if len(items) >= limit:
+                break
+        return items
+
+    def episode(self, key: str, i: int) -> tuple[int | None, dict[str, Any]]:
+        """(step, full episode dict) of episode `i` of file `key`."""
+        self.scan()
+        with self._lock:
+            entry = self.files.get(key)
+        if entry is None:
+            raise KeyError(f"run {self.id!r} has no episode file {key!r}; see /api/runs")
+        _, step, f = entry
+        f.refresh(budget_s=0.2)
+        return step, f.read(i)
+
+
+def _item(key: str, step: int | None, f: EpisodeFile, i: int) -> dict[str, Any]:
+    base = {"file": key, "step": step, "i": i}
+    try:
+        ep = f.read(i)
+    except (OSError, ValueError, IndexError) as e:
+        return {**base, "malformed": f"could not read this episode: {e}"}
+    return {**base, **episode_brief(ep)}
+
+
+def episode_brief(ep: dict[str, Any]) -> dict[str, Any]:
+    """The columns of the rollouts table for one episode."""
+    task = ep.get("task") or {}
+    msgs = ep.get("messages") or []
+    last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)
+    preview = (last.get("content") or last.get("raw") or "") if last else ""
+    trajs = ep.get("trajectories") or []
+    return {
+        "task_id": str(task.get("id", "")),
+        "env": task.get("env") or "",
+        "reward": ep.get("reward"),
+        "rewards": ep.get("rewards") or {},
+        "num_turns": ep.get("num_turns", 0),
+        "num_tool_calls": ep.get("num_tool_calls", 0),
+        "errors": [str(e.get("kind", "error")) for e in ep.get("errors") or []],
+        "tool_errors": ep.get("tool_errors") or {},
+        "truncated": bool(ep.get("truncated")),
+        "stop_reason": ep.get("stop_reason", ""),
+        "rollout_index": ep.get("rollout_index", 0),
+        "tokens": sum(len(t.get("token_ids") or []) for t in trajs),
+        "sampled": sum(sum(t.get("mask") or []) for t in trajs),
+        "preview": preview[:160],
+    }
+
+
+class Catalog:
+    """The runs behind the paths given on the command line; folders of runs are re-scanned."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.roots: list[Path] = []
+        for p in paths:
+            p = Path(p).expanduser().resolve()
+            if not p.is_dir():
+                raise FileNotFoundError(
+                    f"{p} is not a directory; give a run directory (runs/NAME), a folder of "
+                    "runs, or an eval result directory"
+                )
+            self.roots.append(p)
+        self.runs: dict[Path, Run] = {}
+        self._lock = threading.Lock()
+        self.discover()
+
+    def discover(self) -> list[Run]:
+        """All runs, in command-line order then name order (new runs in folders are added)."""
+        ordered: list[Path] = []
+        for root in self.roots:
+            if is_train_run(root) or is_eval_dir(root) or (root / "config.json").is_file():
+                ordered.append(root)
+                continue
+            kids = sorted(c for c in root.iterdir() if c.is_dir())
+            ordered += [c for c in kids if is_train_run(c) or is_eval_dir(c)]
+        with self._lock:
+            for p in ordered:
+                if p not in self.runs:
+                    self.runs[p] = Run(self._unique_id(p.name), p)
+            return [self.runs[p] for p in dict.fromkeys(ordered)]
+
+    def _unique_id(self, name: str) -> str:
+        taken = {r.id for r in self.runs.values()}
+        rid, n = name, 2
+        while rid in taken:
+            rid, n = f"{name}-{n}", n + 1
+        return rid
+
+    def get(self, run_id: str) -> Run:
+        """The run with id `run_id`; KeyError with the known ids otherwise."""
+        for r in self.discover():
+            if r.id == run_id:
+                return r
+        known = sorted(r.id for r in self.runs.values())
+        raise KeyError(f"unknown run {run_id!r}; known runs: {known}")
