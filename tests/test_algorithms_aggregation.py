@@ -65,6 +65,7 @@ def test_micro_batches_with_global_normalizer_equal_full_batch(name: str) -> Non
     agg = AGGREGATIONS[name]
     full = agg(weights**2, mask, normalizer=batch_normalizer(name, [mask], max_len=7))
     full.backward()
+    assert weights.grad is not None
     full_grad = weights.grad.clone()
     weights.grad = None
     # micro-batches trimmed to their own padded length: T differs between them

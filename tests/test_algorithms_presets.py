@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -23,8 +24,22 @@ def t(x: list) -> torch.Tensor:
     return torch.tensor(x, dtype=torch.float32)
 
 
+def grad(x: torch.Tensor) -> torch.Tensor:
+    assert x.grad is not None, "no gradient reached this tensor"
+    return x.grad
+
+
 def test_preset_names_and_key_defaults() -> None:
-    assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"}
+    assert set(PRESETS) == {
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "cispo",
+        "rloo",
+        "reinforce_pp",
+        "ppo",
+    }
     assert (PRESETS["dapo"].eps_low, PRESETS["dapo"].eps_high) == (0.2, 0.28)
     assert (PRESETS["gspo"].eps_low, PRESETS["gspo"].eps_high) == (3e-4, 4e-4)
     assert PRESETS["dr_grpo"].aggregation == "constant_normalizer"
@@ -87,7 +102,7 @@ def test_group_advantages_overlong_masking_and_gae() -> None:
     assert group_advantages(resolve_algorithm("ppo"), t([[1, 0]])).advantages is None
 
 
-def _inputs(seed: int, b: int = 4, tl: int = 6) -> dict[str, torch.Tensor]:
+def _inputs(seed: int, b: int = 4, tl: int = 6) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     mask = (torch.rand(b, tl, generator=g) > 0.3).float()
     mask[0] = 0.0
@@ -117,14 +132,14 @@ def test_every_preset_gives_finite_loss_and_gradient(name: str) -> None:
     loss, stats = policy_objective(cfg, **x)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
-    assert torch.isfinite(x["logprobs"].grad).all() and x["logprobs"].grad.abs().sum() > 0
-    assert x["entropy"].grad.abs().sum() > 0
+    assert torch.isfinite(grad(x["logprobs"])).all() and grad(x["logprobs"]).abs().sum() > 0
+    assert grad(x["entropy"]).abs().sum() > 0
     assert all(math.isfinite(v) for v in stats.values())
     assert {"loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "tis_weight_mean",
             "mismatch_kl"} <= set(stats)  # fmt: skip
     assert ("value_loss" in stats) == (name == "ppo")
     if name == "ppo":
-        assert x["values"].grad.abs().sum() > 0
+        assert grad(x["values"]).abs().sum() > 0
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -133,7 +148,7 @@ def test_every_preset_zero_advantage_gives_zero_policy_gradient(name: str) -> No
     x["advantages"] = torch.zeros_like(x["mask"])
     loss, _ = policy_objective(PRESETS[name], **x)
     loss.backward()
-    assert_close(x["logprobs"].grad, torch.zeros_like(x["mask"]))
+    assert_close(grad(x["logprobs"]), torch.zeros_like(x["mask"]))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -143,7 +158,7 @@ def test_micro_batch_accumulation_equals_full_batch(name: str) -> None:
     norm = batch_normalizer(cfg.aggregation, [x["mask"]], max_len=cfg.max_len)
     full, _ = policy_objective(cfg, **x, normalizer=norm)
     full.backward()
-    grads = {k: x[k].grad.clone() for k in ("logprobs", "entropy", "values")}
+    grads = {k: grad(x[k]).clone() for k in ("logprobs", "entropy", "values")}
     for k in grads:
         x[k].grad = None
     parts = [slice(0, 1), slice(1, 4), slice(4, 6)]
@@ -152,43 +167,48 @@ def test_micro_batch_accumulation_equals_full_batch(name: str) -> None:
     for p in parts:
         loss, _ = policy_objective(cfg, **{k: v[p] for k, v in x.items()}, normalizer=norm)
         loss.backward()
-        total += float(loss)
-    assert total == pytest.approx(float(full), abs=1e-6)
-    for k, grad in grads.items():
-        assert_close(x[k].grad, grad)
+        total += float(loss.detach())
+    assert total == pytest.approx(float(full.detach()), abs=1e-6)
+    for k, expected in grads.items():
+        assert_close(grad(x[k]), expected)
 
 
 def test_tis_weights_the_policy_loss() -> None:
     cfg = resolve_algorithm("rloo")  # reinforce loss, token_mean
     logprobs = t([[-1.0, -1.0]]).requires_grad_(True)
-    args = {"logprobs": logprobs, "old_logprobs": t([[-1.0, -1.0]]), "advantages": t([[1, 1]]),
+    args: dict[str, Any] = {"logprobs": logprobs, "old_logprobs": t([[-1.0, -1.0]]), "advantages": t([[1, 1]]),
             "sampler_logprobs": t([[-1.5, -3.0]]), "mask": t([[1, 1]])}  # fmt: skip
     loss, stats = policy_objective(cfg, **args)
     w = [math.exp(0.5), 2.0]  # the second weight e^2 is capped at 2
-    assert float(loss) == pytest.approx(sum(w) / 2, rel=1e-6)
+    assert float(loss.detach()) == pytest.approx(sum(w) / 2, rel=1e-6)
     assert stats["tis_weight_mean"] == pytest.approx(sum(w) / 2, rel=1e-6)
     assert stats["tis_clip_frac"] == 0.5
-    assert stats["mismatch_kl"] == pytest.approx((math.exp(0.5) - 1.5 + math.exp(2) - 3) / 2, rel=1e-5)
+    assert stats["mismatch_kl"] == pytest.approx(
+        (math.exp(0.5) - 1.5 + math.exp(2) - 3) / 2, rel=1e-5
+    )
     loss_off, stats_off = policy_objective(resolve_algorithm("rloo", use_tis=False), **args)
-    assert float(loss_off) == pytest.approx(1.0) and "tis_weight_mean" not in stats_off
+    assert float(loss_off.detach()) == pytest.approx(1.0) and "tis_weight_mean" not in stats_off
 
 
 def test_kl_entropy_and_value_terms() -> None:
-    base = {"logprobs": t([[-1.0, -2.0]]), "old_logprobs": t([[-1.0, -2.0]]),
+    base: dict[str, Any] = {"logprobs": t([[-1.0, -2.0]]), "old_logprobs": t([[-1.0, -2.0]]),
             "sampler_logprobs": t([[-1.0, -2.0]]), "advantages": t([[0, 0]]), "mask": t([[1, 1]])}  # fmt: skip
     ref = t([[-1.5, -1.0]])
     k3 = ((math.exp(-0.5) - 0.5) + (math.e - 2.0)) / 2
     loss, stats = policy_objective(resolve_algorithm("dapo", kl_coef=0.1), **base, ref_logprobs=ref)
-    assert float(loss) == pytest.approx(0.1 * k3) and stats["kl"] == pytest.approx(k3)
+    assert float(loss.detach()) == pytest.approx(0.1 * k3) and stats["kl"] == pytest.approx(k3)
     with pytest.raises(ValueError, match="kl_coef > 0 needs ref_logprobs"):
         policy_objective(resolve_algorithm("dapo", kl_coef=0.1), **base)
-    loss, stats = policy_objective(resolve_algorithm("dapo", entropy_coef=0.5), **base, entropy=t([[2.0, 4.0]]))
-    assert float(loss) == pytest.approx(-0.5 * 3.0) and stats["entropy"] == 3.0
+    loss, stats = policy_objective(
+        resolve_algorithm("dapo", entropy_coef=0.5), **base, entropy=t([[2.0, 4.0]])
+    )
+    assert float(loss.detach()) == pytest.approx(-0.5 * 3.0) and stats["entropy"] == 3.0
     with pytest.raises(ValueError, match="trains a value head"):
         policy_objective(resolve_algorithm("ppo"), **base)
     values = {"values": t([[1.0, 0.5]]), "old_values": t([[1.0, 0.5]]), "returns": t([[2.0, 0.5]])}
-    loss, stats = policy_objective(resolve_algorithm("ppo"), **base, **values)
-    assert float(loss) == pytest.approx(0.5 * (0.5 * 1.0 + 0.0) / 2)  # value_coef * token mean
+    loss, stats = policy_objective(resolve_algorithm("ppo"), **{**base, **values})
+    value_coef, token_mean_of_half_sq_err = 0.5, (0.5 * 1.0 + 0.0) / 2
+    assert float(loss.detach()) == pytest.approx(value_coef * token_mean_of_half_sq_err)
     with pytest.raises(ValueError, match="broadcast_to_tokens"):
         policy_objective(resolve_algorithm("grpo"), **{**base, "advantages": t([1.0])})
 
@@ -197,3 +217,27 @@ def test_config_is_frozen() -> None:
     cfg = AlgorithmConfig()
     with pytest.raises(AttributeError):
         cfg.kl_coef = 1.0  # type: ignore[misc]
+
+
+def test_algorithms_layer_imports_only_torch_types_and_stdlib() -> None:
+    import ast
+    import sys
+    from pathlib import Path
+
+    import looprl.algorithms
+
+    allowed = {"torch", "looprl.types", "looprl.algorithms"}
+    for path in Path(looprl.algorithms.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                ok = name.split(".")[0] in sys.stdlib_module_names or any(
+                    name == a or name.startswith(a + ".") for a in allowed
+                )
+                assert ok, (
+                    f"{path.name} imports {name}: the algorithms layer may use torch and types only"
+                )

@@ -94,7 +94,9 @@ _COUNTS: dict[str, Callable[[Tensor, int], float]] = {
 }
 
 
-def batch_normalizer(aggregation: str, masks: Sequence[Tensor], *, max_len: int | None = None) -> float:
+def batch_normalizer(
+    aggregation: str, masks: Sequence[Tensor], *, max_len: int | None = None
+) -> float:
     """The denominator of `aggregation` over a whole batch given as micro-batch masks (each (b, t)).
 
     Pass it as `normalizer=` to every micro-batch so accumulated gradients equal one big batch.
@@ -102,6 +104,8 @@ def batch_normalizer(aggregation: str, masks: Sequence[Tensor], *, max_len: int 
     Never returns less than 1, so an all-masked batch gives loss 0, not NaN.
     """
     if aggregation not in _COUNTS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {sorted(AGGREGATIONS)}")
+        raise ValueError(
+            f"unknown aggregation {aggregation!r}; choose one of {sorted(AGGREGATIONS)}"
+        )
     length = max_len if max_len is not None else max((m.shape[1] for m in masks), default=1)
     return max(sum(_COUNTS[aggregation](m, length) for m in masks), 1.0)

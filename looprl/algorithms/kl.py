@@ -69,7 +69,9 @@ def mismatch_kl(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor
     return k3.sum() / mask.float().sum().clamp(min=1.0)  # ()
 
 
-def _chunked_rows(fn: Callable[..., Tensor], logits: Tensor, *extra: Tensor, chunk_size: int) -> Tensor:
+def _chunked_rows(
+    fn: Callable[..., Tensor], logits: Tensor, *extra: Tensor, chunk_size: int
+) -> Tensor:
     """Apply fn to row chunks of (N, V) logits (and matching (N,) extras); recompute in backward.
 
     Activation checkpointing per chunk keeps only one chunk's float32 intermediates alive, instead

@@ -1,9 +1,11 @@
 """The two calls a trainer makes: `group_advantages` once per batch, `policy_objective` per micro-batch.
 
+A training step, in outline:
+
     cfg = resolve_algorithm("grpo")
     groups = group_advantages(cfg, rewards, lengths=lengths, truncated=truncated, max_len=max_tokens)
-    # drop sequences where groups.keep is False; spread groups.advantages over tokens
-    # (broadcast_to_tokens) or, for "gae", run gae(terminal_rewards(groups.rewards, mask), values, mask)
+    # drop rollouts where groups.keep is False; spread groups.advantages over tokens with
+    # broadcast_to_tokens, or for "gae" run gae(terminal_rewards(groups.rewards, mask), values, mask)
     norm = batch_normalizer(cfg.aggregation, [mb.mask for mb in micro_batches], max_len=cfg.max_len)
     for mb in micro_batches:
         loss, stats = policy_objective(cfg, logprobs=..., ..., normalizer=norm)
@@ -59,7 +61,9 @@ def group_advantages(
     shaped = raw
     if cfg.overlong_buffer_frac > 0:
         if lengths is None or max_len is None:
-            raise ValueError("overlong shaping (overlong_buffer_frac > 0) needs lengths= and max_len=")
+            raise ValueError(
+                "overlong shaping (overlong_buffer_frac > 0) needs lengths= and max_len="
+            )
         buffer = cfg.overlong_buffer(max_len)
         shaped = raw + overlong_penalty(lengths, max_len, buffer, cfg.overlong_penalty)  # (N, G)
     keep = torch.ones_like(raw, dtype=torch.bool)  # (N, G)
@@ -86,8 +90,14 @@ def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
     """Raise ValueError naming any tensor whose shape differs from the mask's (B, T)."""
     for name, t in tensors.items():
         if t is not None and t.shape != mask.shape:
-            hint = " (spread per-sequence values with broadcast_to_tokens)" if name == "advantages" else ""
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected mask's {tuple(mask.shape)}{hint}")
+            hint = (
+                " (spread per-sequence values with broadcast_to_tokens)"
+                if name == "advantages"
+                else ""
+            )
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}, expected mask's {tuple(mask.shape)}{hint}"
+            )
 
 
 def policy_objective(
@@ -135,7 +145,9 @@ def policy_objective(
     stats["pg_loss"] = float(pg_loss.detach())
     if cfg.kl_coef > 0:
         if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs (reference model logprobs); or set kl_coef=0")
+            raise ValueError(
+                "kl_coef > 0 needs ref_logprobs (reference model logprobs); or set kl_coef=0"
+            )
         kl_tokens = KL_ESTIMATORS[cfg.kl_estimator](logprobs, ref_logprobs.detach(), mask)  # (B, T)
         kl_loss = cfg.kl_coef * aggregate(kl_tokens, mask, normalizer=normalizer)
         loss = loss + kl_loss
@@ -150,12 +162,16 @@ def policy_objective(
             loss = loss + entropy_loss
             stats["entropy_loss"] = float(entropy_loss.detach())
     if cfg.uses_value_head and values is None:
-        raise ValueError(f"preset {cfg.name!r} trains a value head: pass values=, old_values=, returns=")
+        raise ValueError(
+            f"preset {cfg.name!r} trains a value head: pass values=, old_values=, returns="
+        )
     if values is not None:
         if returns is None:
             raise ValueError("values= needs returns= (from gae) to train the value head")
         prev = old_values if old_values is not None else values.detach()
-        v_tokens, v_stats = clipped_value_loss(values, prev.detach(), returns.detach(), mask, cfg.value_clip)
+        v_tokens, v_stats = clipped_value_loss(
+            values, prev.detach(), returns.detach(), mask, cfg.value_clip
+        )
         value_loss = cfg.value_coef * aggregate(v_tokens, mask, normalizer=normalizer)
         loss = loss + value_loss
         stats.update(v_stats, value_loss=float(value_loss.detach()))

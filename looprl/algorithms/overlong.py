@@ -22,7 +22,9 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, penalty: float 
     if buffer <= 0:
         return torch.zeros_like(lengths, dtype=torch.float32)
     if buffer > max_len:
-        raise ValueError(f"overlong buffer ({buffer}) exceeds max_len ({max_len}); use a smaller buffer")
+        raise ValueError(
+            f"overlong buffer ({buffer}) exceeds max_len ({max_len}); use a smaller buffer"
+        )
     start = max_len - buffer  # ramp starts here
     over = (lengths.float() - start).clamp(min=0.0)  # (N,) tokens into the buffer
     return -penalty * (over / buffer).clamp(max=1.0)  # (N,)

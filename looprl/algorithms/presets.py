@@ -108,19 +108,25 @@ class AlgorithmConfig:
         nonneg = ("eps_low", "eps_high", "normalize_std_eps", "kl_coef", "value_coef", "value_clip")
         for field_name in nonneg:
             if getattr(self, field_name) < 0:
-                raise ValueError(f"algorithm.{field_name} must be >= 0, got {getattr(self, field_name)}")
+                raise ValueError(
+                    f"algorithm.{field_name} must be >= 0, got {getattr(self, field_name)}"
+                )
         if self.tis_cap <= 0:
             raise ValueError(f"algorithm.tis_cap must be > 0 (2.0 is usual), got {self.tis_cap}")
         for field_name in ("gamma", "lam"):
             if not 0.0 <= getattr(self, field_name) <= 1.0:
-                raise ValueError(f"algorithm.{field_name} must be in [0, 1], got {getattr(self, field_name)}")
+                raise ValueError(
+                    f"algorithm.{field_name} must be in [0, 1], got {getattr(self, field_name)}"
+                )
         if not 0.0 <= self.overlong_buffer_frac < 1.0:
             raise ValueError(
                 f"algorithm.overlong_buffer_frac must be in [0, 1) (a fraction of the max length), "
                 f"got {self.overlong_buffer_frac}"
             )
         if self.max_len is not None and self.max_len <= 0:
-            raise ValueError(f"algorithm.max_len must be a positive token count or None, got {self.max_len}")
+            raise ValueError(
+                f"algorithm.max_len must be a positive token count or None, got {self.max_len}"
+            )
 
     @property
     def uses_value_head(self) -> bool:

@@ -28,6 +28,7 @@ def build_atomically(target: Path, build: Callable[[Path], object]) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         build(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any model folder
         try:
             tmp.rename(target)
         except OSError:

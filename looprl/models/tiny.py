@@ -23,7 +23,7 @@ from looprl.rendering.templates import CHATML_TOOLS_TEMPLATE
 
 TINY_NAME = "tiny-v1"  # bump the suffix whenever the build below changes its output
 SEED = 1234
-VOCAB_SIZE = 1536
+MAX_VOCAB_SIZE = 1536  # an upper bound: the corpus supports 1324 tokens (merges run out first)
 HIDDEN_SIZE = 192
 NUM_LAYERS = 4
 NUM_HEADS = 4
@@ -209,7 +209,7 @@ def build_tokenizer(seed: int = SEED) -> Any:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TAGS),
+        vocab_size=MAX_VOCAB_SIZE - len(TOOL_TAGS),
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -271,6 +271,7 @@ def _init_weights(model: torch.nn.Module, seed: int) -> None:
 def build_tiny(path: str | Path, seed: int = SEED) -> Path:
     """Build the tiny model and tokenizer into `path` (a normal Hugging Face directory)."""
     from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -282,7 +283,13 @@ def build_tiny(path: str | Path, seed: int = SEED) -> Path:
     model.generation_config = GenerationConfig(
         eos_token_id=eos_ids, pad_token_id=config.pad_token_id, bos_token_id=None
     )
-    model.save_pretrained(path)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a 10 MB file needs no "Writing model shards" bar
+    try:
+        model.save_pretrained(path)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(path)
     return path
 

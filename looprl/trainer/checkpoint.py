@@ -96,7 +96,9 @@ def save_checkpoint(
     try:
         state_text = json.dumps(state, indent=2, sort_keys=True)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"extra_state must be JSON-serializable (plain numbers, str, lists, dicts): {e}") from e
+        raise TypeError(
+            f"extra_state must be JSON-serializable (plain numbers, str, lists, dicts): {e}"
+        ) from e
 
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +286,9 @@ def _load_weights(path: Path, model: torch.nn.Module, value_head: torch.nn.Modul
         raise FileNotFoundError(f"{path} holds neither {MODEL_FILE} nor {ADAPTER_FILE}")
     has_head = (path / VALUE_HEAD_FILE).is_file()
     if value_head is not None and not has_head:
-        raise FileNotFoundError(f"{path} has no {VALUE_HEAD_FILE}; was it saved without value_head?")
+        raise FileNotFoundError(
+            f"{path} has no {VALUE_HEAD_FILE}; was it saved without value_head?"
+        )
     if value_head is not None:
         load_model(value_head, str(path / VALUE_HEAD_FILE), strict=True)
 
@@ -326,7 +330,9 @@ def _set_rng_state(state: dict[str, Any], generators: Mapping[str, torch.Generat
     saved = state["generators"]
     for name, gen in (generators or {}).items():
         if name not in saved:
-            raise KeyError(f"checkpoint has no state for generator {name!r}; saved: {sorted(saved)}")
+            raise KeyError(
+                f"checkpoint has no state for generator {name!r}; saved: {sorted(saved)}"
+            )
         gen.set_state(saved[name])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -62,7 +63,7 @@ class Trainer:
         self.engine = TorchEngine(self.engine_model, self.tokenizer, seed=cfg.trainer.seed)
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
             # sampler and trainer share weights: the correction would be the identity
-            self.algo.use_tis = False
+            self.algo = dataclasses.replace(self.algo, use_tis=False)
         self.renderer = Renderer(self.tokenizer, self.env.tool_schemas)
         hidden = self.model.config.hidden_size if hasattr(self.model, "config") else None
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
@@ -88,7 +89,7 @@ class Trainer:
         )  # fmt: skip
 
     def _config_record(self) -> dict[str, Any]:
-        return {"config": self.cfg.model_dump(), "algorithm": vars(self.algo), "model": self.cfg.model.name}
+        return {"config": self.cfg.model_dump(), "algorithm": dataclasses.asdict(self.algo), "model": self.cfg.model.name}
 
     def _restore(self) -> None:
         from looprl.trainer.checkpoint import latest_checkpoint, load_checkpoint

@@ -180,6 +180,8 @@ class Handler(BaseHTTPRequestHandler):
             self._static("index.html")
         elif url.path.startswith("/static/"):
             self._static(url.path[len("/static/") :])
+        elif url.path == "/favicon.ico":
+            self._send(b"", "image/x-icon", HTTPStatus.NO_CONTENT)
         else:
             self._send_json({"error": f"no such page {url.path!r}"}, HTTPStatus.NOT_FOUND)
 

@@ -1,0 +1,172 @@
+"""`make demo`: tiny model -> SFT on an imperfect teacher -> eval -> GRPO -> eval, on the calculator.
+
+The scripted teacher uses the calculator tool only some of the time; otherwise it "answers in
+its head" and is usually wrong. SFT copies that habit, so the warm-started model is right only
+when it happens to call the tool. RL has to discover that calling the tool pays. Both phases
+are evaluated on the same held-out tasks so the gain from RL is separated from SFT's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from looprl.console import console, print_summary
+from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
+from looprl.types import Message, ToolCall
+
+
+def teacher_conversation(task_expr: str, answer: str, rng: random.Random, tool_rate: float) -> list[Message]:
+    """One trace of the imperfect teacher for `What is EXPR?`.
+
+    With probability `tool_rate` it calls `calculate` and copies the result; otherwise it
+    guesses a nearby number without the tool (wrong almost always).
+    """
+    msgs = [Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=f"What is {task_expr}?")]
+    if rng.random() < tool_rate:
+        call = ToolCall(name="calculate", arguments={"expression": task_expr}, id="call_0")
+        msgs.append(Message(role="assistant", content="", tool_calls=[call]))
+        msgs.append(Message(role="tool", content=answer, tool_call_id="call_0", name="calculate"))
+        msgs.append(Message(role="assistant", content=f"The answer is {answer}."))
+    else:
+        value = int(answer)
+        guess = value + rng.choice([-1, 1]) * rng.randint(1, max(10, abs(value) // 10))
+        msgs.append(Message(role="assistant", content=f"The answer is {guess}."))
+    return msgs
+
+
+def teacher_rows(n: int, seed: int, tool_rate: float, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`n` teacher conversations on training tasks, as JSONL rows for `looprl sft`."""
+    rng = random.Random(seed)
+    rows = []
+    for task in generate_tasks("train", n, seed=10_000 + seed):
+        expr = task.info["expression"]
+        assert str(safe_eval(expr)) == task.answer
+        msgs = teacher_conversation(expr, task.answer or "", rng, tool_rate)
+        rows.append({"messages": [m.to_template() for m in msgs], "tools": tools})
+    return rows
+
+
+def _evaluate(model_name: str, out: Path, n: int, r: int, seed: int) -> dict[str, Any]:
+    from looprl.engines.factory import make_policy
+    from looprl.evaluation import evaluate, summarize, write_metadata
+    from looprl.rendering.renderer import Renderer
+    from looprl.rollout import RolloutConfig
+    from looprl.types import SamplingParams
+
+    env = load_environment()
+    tasks = env.get_tasks("eval", n, seed=seed)
+    policy = make_policy(model_name, seed=seed)
+    renderer = Renderer(policy.tokenizer, env.tool_schemas)
+    sampling = SamplingParams(max_tokens=env.limits.max_tokens_per_turn, temperature=1.0, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.jsonl").unlink(missing_ok=True)
+
+    async def go() -> tuple[list[Any], float]:
+        try:
+            return await evaluate(env, policy.engine, tasks, rollouts_per_task=r, renderer=renderer,
+                                  config=RolloutConfig(sampling=sampling, seed=seed), results_path=out / "results.jsonl")
+        finally:
+            await policy.engine.close()
+
+    episodes, seconds = asyncio.run(go())
+    summary = summarize(episodes, rollouts_per_task=r, generate_seconds=seconds)
+    write_metadata(out / "metadata.json", {"kind": "eval", "model": model_name, "sampling": sampling.to_dict(), "summary": summary})
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the whole demo and print the before/after table."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--sft-examples", type=int, default=1500)
+    p.add_argument("--sft-epochs", type=float, default=2.0)
+    p.add_argument("--tool-rate", type=float, default=0.3, help="how often the teacher uses the tool")
+    p.add_argument("--rl-steps", type=int, default=30)
+    p.add_argument("--eval-tasks", type=int, default=100)
+    p.add_argument("--eval-rollouts", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    t_start = time.perf_counter()
+    sft_dir = _sft_phase(args, out)
+    before = _evaluate(str(sft_dir), out / "eval_before", args.eval_tasks, args.eval_rollouts, args.seed)
+    print_summary(before, title="after SFT (before RL)")
+    run_dir = _rl_phase(args, out, sft_dir)
+    after = _evaluate(str(run_dir / "final"), out / "eval_after", args.eval_tasks, args.eval_rollouts, args.seed)
+    print_summary(after, title="after GRPO")
+    _print_before_after(before, after, out, run_dir, time.perf_counter() - t_start)
+    return 0
+
+
+def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
+    from looprl.models.loading import load_model
+    from looprl.rendering.renderer import Renderer
+    from looprl.sft import examples_from_rows, sft_train
+    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.setup import seed_everything
+
+    env = load_environment()
+    rows = teacher_rows(args.sft_examples, args.seed, args.tool_rate, env.tool_schemas)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "teacher.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seed_everything(args.seed)
+    model, tokenizer = load_model("tiny")
+    examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token)
+    console.rule(f"SFT on {len(rows)} teacher traces (tool used {args.tool_rate:.0%} of the time)")
+
+    def log(step: int, total: int, loss: float, seconds: float) -> None:
+        console.print(f"sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
+
+    sft_train(model, examples, epochs=args.sft_epochs, lr=2e-3, batch_size=32, seed=args.seed, log=log)
+    sft_dir = out / "sft"
+    export_hf(model, tokenizer, sft_dir)
+    return sft_dir
+
+
+def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
+    from looprl.trainer.config import load_config
+    from looprl.trainer.trainer import Trainer
+
+    cfg = load_config(
+        Path(__file__).parent / "recipes" / "calculator_tiny.toml",
+        {"model.name": str(sft_dir), "trainer.steps": args.rl_steps, "trainer.seed": args.seed,
+         "run.output_dir": str(out), "run.name": "grpo"},
+    )  # fmt: skip
+    console.rule(f"GRPO for {args.rl_steps} steps")
+    trainer = Trainer(cfg)
+    trainer.run()
+    return trainer.run_dir
+
+
+def _print_before_after(before: dict[str, Any], after: dict[str, Any], out: Path, run_dir: Path, seconds: float) -> None:
+    table = Table(title="looprl demo: calculator, tiny model, held-out tasks")
+    table.add_column("metric")
+    table.add_column("after SFT", justify="right")
+    table.add_column("after GRPO", justify="right")
+    rows = [
+        ("accuracy", lambda s: s["rewards"].get("correct_answer", float("nan"))),
+        ("tool-call validity", lambda s: s["rewards"].get("tool_call_validity", float("nan"))),
+        ("used the tool", lambda s: s["rewards"].get("used_tool", float("nan"))),
+        ("answer format", lambda s: s["rewards"].get("answer_format", float("nan"))),
+        ("turns / episode", lambda s: s["turns_mean"]),
+        ("tokens / episode", lambda s: s["generated_tokens_mean"]),
+    ]
+    for name, get in rows:
+        table.add_row(name, f"{get(before):.3f}", f"{get(after):.3f}")
+    console.print(table)
+    gain = after["rewards"].get("correct_answer", 0.0) - before["rewards"].get("correct_answer", 0.0)
+    console.print(f"accuracy gain from RL: {gain * 100:+.1f} points  (total demo time {seconds / 60:.1f} min)")
+    console.print(f"run: {run_dir}\nplot: {run_dir / 'plots' / 'curves.png'}\nrollouts: {run_dir / 'rollouts'}")
+    console.print(f"evals: {out / 'eval_before'}, {out / 'eval_after'}\nview: looprl view {run_dir}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""Tier 1: training configs load from TOML, take overrides, and fail early naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[algorithm]\npreset = "dapo"\n[optim]\nlr = 0.001\n')
+    cfg = load_config(path, parse_cli_overrides(["--optim.lr", "2e-5", "--trainer.steps=3", "--env.kwargs", '{"max_turns": 2}']))
+    assert cfg.algorithm.preset == "dapo" and cfg.optim.lr == 2e-5 and cfg.trainer.steps == 3
+    assert cfg.env.kwargs == {"max_turns": 2}
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[algorithm]\npreset = "grpoo"\n', "unknown preset 'grpoo'"),
+        ("[optim]\nlr = -1.0\n", "optim.lr"),
+        ("[trainer]\nsteps = 0\n", "trainer.steps"),
+        ("[trainer]\nstepz = 3\n", "trainer.stepz"),
+        ('[algorithm]\noverrides = {eps_hi = 0.3}\n', "unknown algorithm field"),
+        ('[trainer]\nearly_stop_metric = "eval/reward"\n', "early_stop_value"),
+        ("[optim\nlr = 1", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path, toml, needle):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(path)
+    assert needle in str(info.value)
+
+
+def test_missing_file_and_bad_override():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/x.toml")
+    with pytest.raises(ConfigError, match="section.field"):
+        parse_cli_overrides(["steps", "3"])
+
+
+def test_missing_environment_fails_before_loading_a_model():
+    from looprl.trainer.trainer import Trainer
+
+    cfg = load_config(None, {"env.name": "no_such_env_xyz", "model.name": "/nonexistent/model"})
+    with pytest.raises(ConfigError, match="env.name: unknown environment 'no_such_env_xyz'"):
+        Trainer(cfg)

@@ -1,0 +1,286 @@
+"""TorchEngine: logprobs match a plain HF forward, continuous batching is exact, seeds, stops, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import string
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from looprl.engines.base import Engine, GenerationRequest
+from looprl.engines.sampling import RowParams, sample
+from looprl.engines.torch_engine import TorchEngine, default_stop_ids
+from looprl.types import SamplingParams
+
+CHARS = string.ascii_lowercase + string.digits + " .,:;!?()[]{}<>=+-*/\n"
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character plus `<|im_end|>` (id 0) and `<|endoftext|>` (id 1, eos)."""
+    vocab = {"<|im_end|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    return fast
+
+
+TOKENIZER = char_tokenizer()
+VOCAB = len(TOKENIZER)
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    initializer_range=0.3,  # peaked distributions: greedy ties cannot flip on float noise
+)
+
+
+def make_model(kind: str = "llama", seed: int = 0) -> torch.nn.Module:
+    """A small randomly initialised causal LM in eval mode."""
+    torch.manual_seed(seed)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**SMALL, rope_theta=500.0)).eval()
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
+    return Qwen3ForCausalLM(Qwen3Config(**SMALL)).eval()
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    """`n` random prompts of different lengths (3..22 tokens), avoiding the special ids."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3 + (7 * i) % 20 for i in range(n)]
+    return [torch.randint(2, VOCAB, (k,), generator=g).tolist() for k in lengths]
+
+
+def hf_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log_softmax of a plain full forward pass at each sampled token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0]  # (T, V)
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+    return logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """Greedy continuation by full forward passes (no cache): the one-at-a-time reference."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.fixture
+def llama() -> torch.nn.Module:
+    return make_model("llama")
+
+
+@pytest.fixture
+def engine(llama):
+    eng = TorchEngine(llama, TOKENIZER, max_batch_size=4, stop_token_ids=[], device="cpu")
+    yield eng
+    eng.shutdown()
+
+
+async def gather(engine: TorchEngine, reqs: list[tuple[list[int], SamplingParams]]):
+    return await asyncio.gather(
+        *(engine.generate(GenerationRequest(prompt_ids=p, sampling=s)) for p, s in reqs)
+    )
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+async def test_logprobs_match_hf_forward(kind):
+    model = make_model(kind)
+    eng = TorchEngine(model, TOKENIZER, max_batch_size=3, stop_token_ids=[], device="cpu")
+    assert eng.backend_name == "kv"
+    assert isinstance(eng, Engine)
+    reqs = [(p, SamplingParams(max_tokens=6 + i, seed=i)) for i, p in enumerate(prompts(7))]
+    gens = await gather(eng, reqs)
+    await eng.close()
+    for (p, _), g in zip(reqs, gens, strict=True):
+        assert g.finish_reason == "length" and len(g.token_ids) == len(g.logprobs)
+        ref = hf_logprobs(model, p, g.token_ids)
+        assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4), (g.logprobs, ref)
+
+
+async def test_hf_fallback_backend_matches_forward(llama):
+    eng = TorchEngine(llama, TOKENIZER, max_batch_size=2, stop_token_ids=[], backend="hf")
+    assert eng.backend_name == "hf"
+    reqs = [(p, SamplingParams(max_tokens=5, seed=3)) for p in prompts(3)]
+    gens = await gather(eng, reqs)
+    await eng.close()
+    for (p, _), g in zip(reqs, gens, strict=True):
+        ref = hf_logprobs(llama, p, g.token_ids)
+        assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-4)
+
+
+async def test_greedy_continuous_batching_equals_one_at_a_time(llama, engine):
+    ps = prompts(11)
+    reqs = [(p, SamplingParams(max_tokens=3 + (5 * i) % 9, temperature=0.0)) for i, p in enumerate(ps)]
+    gens = await gather(engine, reqs)  # 11 requests through 4 slots: slots are refilled
+    for (p, s), g in zip(reqs, gens, strict=True):
+        assert g.token_ids == hf_greedy(llama, p, s.max_tokens)
+        assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(llama, p, g.token_ids), atol=1e-4)
+    assert engine.stats.requests == 11 and engine.stats.generated_tokens == sum(
+        len(g.token_ids) for g in gens
+    )
+
+
+async def test_identical_prompts_share_prefill(llama, engine):
+    p = prompts(1)[0]
+    reqs = [(p, SamplingParams(max_tokens=8, seed=i)) for i in range(4)]
+    gens = await gather(engine, reqs)
+    assert engine.stats.prefill_tokens_saved == 3 * len(p)
+    assert len({tuple(g.token_ids) for g in gens}) > 1  # different seeds, different samples
+    for g in gens:
+        assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(llama, p, g.token_ids), atol=1e-4)
+
+
+async def test_seed_reproducible_independent_of_batch(engine):
+    p = prompts(1, seed=5)[0]
+    alone = await engine.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=12, seed=7)))
+    crowd = [(q, SamplingParams(max_tokens=12, seed=100 + i)) for i, q in enumerate(prompts(5))]
+    together = await gather(engine, [*crowd, (p, SamplingParams(max_tokens=12, seed=7))])
+    other = await engine.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=12, seed=8)))
+    assert together[-1].token_ids == alone.token_ids
+    assert other.token_ids != alone.token_ids
+
+
+def test_engine_seed_changes_samples(llama):
+    ps, sp = prompts(3), SamplingParams(max_tokens=10)  # no request seed: engine seed + arrival
+    runs = []
+    for seed in (0, 0, 1):
+        eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[], seed=seed)
+        runs.append([g.token_ids for g in eng.generate_many(ps, sp)])
+        eng.shutdown()
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+async def test_stop_string_ends_right_after_completing_token(engine):
+    p = prompts(1, seed=9)[0]
+    full = await engine.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=20, temperature=0)))
+    stop = full.text[-5:-3]
+    # the fewest tokens whose text contains the stop string
+    first = next(k for k in range(1, 21) if stop in TOKENIZER.decode(full.token_ids[:k]))
+    g = await engine.generate(
+        GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=20, temperature=0, stop=[stop]))
+    )
+    assert g.finish_reason == "stop"
+    assert g.token_ids == full.token_ids[:first]
+    assert g.text.endswith(stop) and len(g.logprobs) == first
+
+
+async def test_stop_token_is_kept(llama):
+    p = prompts(1, seed=4)[0]
+    greedy = hf_greedy(llama, p, 10)
+    stop_id = greedy[4]
+    eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[stop_id])
+    g = await eng.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=10, temperature=0)))
+    await eng.close()
+    cut = greedy.index(stop_id) + 1
+    assert g.finish_reason == "stop" and g.token_ids == greedy[:cut]
+
+
+def test_default_stop_ids_include_eos_and_im_end(llama):
+    llama.generation_config.eos_token_id = [1, 7]
+    assert default_stop_ids(llama, TOKENIZER) == {0, 1, 7}
+
+
+async def test_top_k_one_and_tiny_top_p_equal_greedy(engine):
+    ps = prompts(4, seed=2)
+    greedy = await gather(engine, [(p, SamplingParams(max_tokens=8, temperature=0)) for p in ps])
+    topk = await gather(engine, [(p, SamplingParams(max_tokens=8, temperature=0.8, top_k=1, seed=1)) for p in ps])
+    topp = await gather(engine, [(p, SamplingParams(max_tokens=8, temperature=1.3, top_p=1e-6, seed=2)) for p in ps])
+    for a, b, c in zip(greedy, topk, topp, strict=True):
+        assert a.token_ids == b.token_ids == c.token_ids
+
+
+def test_sample_truncation_and_logprobs_before_truncation():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2))
+    seen: set[int] = set()
+    for i in range(200):
+        u = i / 200
+        toks, lps = sample(logits, [RowParams(1.0, top_k=2), RowParams(1.0, top_p=0.7)], [u, u])
+        seen.update(toks)
+        assert lps[0] == pytest.approx(float(logits[0, toks[0]]), abs=1e-6)  # untruncated logprob
+    assert seen == {0, 1}
+    toks, lps = sample(logits, [RowParams(0.0), RowParams(2.0)], [0.999, 0.999])
+    assert toks[0] == 0 and lps[0] == pytest.approx(float(logits[0, 0]), abs=1e-6)
+    assert toks[1] == 3 and lps[1] == pytest.approx(float(torch.log_softmax(logits[1] / 2, -1)[3]), abs=1e-6)
+
+
+async def test_length_finish_at_max_tokens_and_context(llama):
+    eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[], max_seq_len=20)
+    p = prompts(3)[2][:15]
+    short, ctx = await gather(eng, [(p, SamplingParams(max_tokens=3)), (p, SamplingParams(max_tokens=50))])
+    await eng.close()
+    assert short.finish_reason == "length" and len(short.token_ids) == 3
+    assert ctx.finish_reason == "length" and len(ctx.token_ids) == 20 - 15
+
+
+async def test_bad_requests_error_while_others_complete(llama):
+    eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[], max_seq_len=32, max_batch_size=2)
+    good = prompts(3)
+    bad = [
+        (list(range(2, 40)), SamplingParams(max_tokens=4)),  # prompt longer than the context
+        ([], SamplingParams()),
+        ([VOCAB + 5], SamplingParams()),
+        (good[0], SamplingParams(temperature=-1)),
+    ]
+    gens = await gather(eng, [bad[0], *[(p, SamplingParams(max_tokens=6)) for p in good], *bad[1:]])
+    await eng.close()
+    assert [g.finish_reason for g in gens] == ["error", "length", "length", "length", "error", "error", "error"]
+    assert "max_seq_len" in (gens[0].error or "")
+    assert all(len(g.token_ids) == 6 for g in gens[1:4])
+
+
+async def test_sync_weights_and_shared_weights(llama):
+    source = make_model("llama", seed=42)
+    copy_model = copy.deepcopy(llama)
+    eng = TorchEngine(copy_model, TOKENIZER, stop_token_ids=[])
+    p, sp = prompts(1)[0], SamplingParams(max_tokens=10, temperature=0)
+    before = await eng.generate(GenerationRequest(prompt_ids=p, sampling=sp))
+    eng.sync_weights(source)
+    after = await eng.generate(GenerationRequest(prompt_ids=p, sampling=sp))
+    assert after.token_ids != before.token_ids
+    assert after.token_ids == hf_greedy(source, p, 10)
+    with torch.no_grad():  # shared mode: an in-place update is seen without any sync
+        for param in copy_model.parameters():
+            param.mul_(-1.0)
+    flipped = await eng.generate(GenerationRequest(prompt_ids=p, sampling=sp))
+    assert flipped.token_ids == hf_greedy(copy_model, p, 10)
+    with pytest.raises(ValueError, match="lacks"):
+        eng.sync_weights({"nope": torch.zeros(1)})
+    await eng.close()
+
+
+async def test_cancelled_request_frees_its_slot(llama):
+    eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[], max_batch_size=1, max_seq_len=256)
+    p = prompts(1)[0]
+    slow = asyncio.ensure_future(eng.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=200))))
+    await asyncio.sleep(0.05)
+    slow.cancel()
+    g = await asyncio.wait_for(eng.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=3))), 10)
+    assert len(g.token_ids) == 3
+    await eng.close()
+    closed = await eng.generate(GenerationRequest(prompt_ids=p))
+    assert closed.finish_reason == "error" and "closed" in (closed.error or "")
