@@ -6,6 +6,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,7 +213,7 @@ def test_plot_run_tolerates_sparse_metrics(tmp_path: Path, content: str) -> None
 
 
 def test_series_and_smooth() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"step": 3, "x": 3.0},
         {"step": 1, "x": None},
         {"step": 2, "x": float("nan")},

@@ -38,7 +38,11 @@ def call(name: str, arguments: Any) -> dict[str, Any]:
 CONVERSATIONS: list[list[dict[str, Any]]] = [
     [
         {"role": "user", "content": "Compute 3417 * 29 + 881."},
-        {"role": "assistant", "content": "", "tool_calls": [call("calculate", {"expression": "3417 * 29 + 881"})]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call("calculate", {"expression": "3417 * 29 + 881"})],
+        },
         {"role": "tool", "content": "99974", "tool_call_id": "call_0"},
         {"role": "assistant", "content": "The answer is 99974."},
         {"role": "user", "content": "And halve it?"},
@@ -63,18 +67,27 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
         {"role": "user", "content": "  leading and trailing spaces  \n"},
         {"role": "assistant", "content": None, "tool_calls": [{"name": "search", "arguments": {}}]},
         {"role": "tool", "content": ""},
-        {"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "part two"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "part one, "},
+                {"type": "text", "text": "part two"},
+            ],
+        },
         {"role": "assistant", "content": "done"},
     ],
 ]
 
 
-def render(messages: list[dict[str, Any]], tools: list[dict] | None = None, gen: bool = False) -> str:
+def render(
+    messages: list[dict[str, Any]], tools: list[dict] | None = None, gen: bool = False
+) -> str:
     """Render with the same Jinja environment `tokenizer.apply_chat_template` uses."""
-    out, _ = render_jinja_template(
-        [messages], tools=tools, chat_template=CHATML_TOOLS_TEMPLATE, add_generation_prompt=gen
+    tool_list: Any = tools
+    result: Any = render_jinja_template(
+        [messages], tools=tool_list, chat_template=CHATML_TOOLS_TEMPLATE, add_generation_prompt=gen
     )
-    return out[0]
+    return result[0][0]
 
 
 @pytest.mark.parametrize("tools", [None, [CALC], [CALC, SEARCH]])
@@ -121,7 +134,10 @@ def test_tool_section_lists_each_tool_as_json() -> None:
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     block = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
     assert [json.loads(line) for line in block.split("\n")] == [CALC, SEARCH]
-    assert '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>' in text
+    assert (
+        '<tool_call>\n{"name": "tool_name", "arguments": {"argument": "value"}}\n</tool_call>'
+        in text
+    )
     assert text.count("<|im_start|>system") == 1
 
 
@@ -132,7 +148,9 @@ def test_system_message_generated_only_with_tools() -> None:
     with_tools = render(user, tools=[CALC])
     assert with_tools.startswith("<|im_start|>system\n") and "<tools>" in with_tools
     assert render([], tools=[CALC]) == ""
-    assert render([], tools=[CALC], gen=True).endswith("</tool_call><|im_end|>\n<|im_start|>assistant\n")
+    assert render([], tools=[CALC], gen=True).endswith(
+        "</tool_call><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_template_works_through_a_tokenizer() -> None:

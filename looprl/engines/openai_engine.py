@@ -36,7 +36,7 @@ from looprl.types import FinishReason, Generation, Message, ToolCall
 
 _TOKEN_ID_PREFIX = "token_id:"
 _MAX_RETRY_AFTER_S = 60.0
-_CONNECTIONS_PER_CLIENT = 16
+_CONNECTIONS_PER_CLIENT = 64
 
 
 class OpenAIEngine:

@@ -57,7 +57,7 @@ def _convert_smollm2(target: Path) -> None:
     gguf = _gguf_file()
     kwargs: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     bad = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if bad:
         raise RuntimeError(f"GGUF dequantisation left non-float32 parameters: {bad[:3]}")
@@ -171,7 +171,7 @@ def load_model(
 
     path = resolve_model_path(name)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     _prepare_tokenizer(tokenizer)
     stops = stop_token_ids(tokenizer, model)
     model.generation_config.eos_token_id = stops

@@ -55,7 +55,7 @@ CALCULATE_TOOL: dict[str, Any] = {
 }
 """The calculator tool schema the corpus uses (OpenAI function format)."""
 
-_WORDS = """
+_WORDS_TEXT = """
 the be to of and a in that have I it for not on with he as you do at this but his by from they
 we say her she or an will my one all would there their what so up out if about who get which go
 me when make can like time no just him know take people into year your good some could them see
@@ -81,7 +81,8 @@ height width length weight age year month morning evening night today tomorrow y
 room door window table chair garden tree trees flower flowers river lake sea mountain field
 work works worked working play plays played read reads write writes wrote written run runs ran
 walk walks walked give gives gave keep keeps kept put puts get gets got make makes made
-""".split()
+"""
+_WORDS = sorted(set(_WORDS_TEXT.split()))
 
 _PROBLEM_FORMS = (
     "Compute {e}.",
@@ -93,17 +94,24 @@ _PROBLEM_FORMS = (
 )
 
 _WORD_PROBLEMS = (
-    ("A farmer has {a} sheep and buys {b} more. How many sheep does the farmer have now?", "{a} + {b}"),
+    (
+        "A farmer has {a} sheep and buys {b} more. How many sheep does the farmer have now?",
+        "{a} + {b}",
+    ),
     ("Each box holds {a} pencils. How many pencils are in {b} boxes?", "{a} * {b}"),
     ("Tom had {a} dollars and spent {b} dollars. How many dollars are left?", "{a} - {b}"),
     ("A train travels {a} km every hour for {b} hours. How far does it go?", "{a} * {b}"),
-    ("A shop sold {a} apples in the morning and {b} in the evening. How many in total?", "{a} + {b}"),
+    (
+        "A shop sold {a} apples in the morning and {b} in the evening. How many in total?",
+        "{a} + {b}",
+    ),
     ("A school has {a} students in each of {b} classes. How many students are there?", "{a} * {b}"),
 )
 
 
 def _expression(rng: random.Random) -> str:
     """A random arithmetic expression with 2-4 operands of 1-4 digits."""
+
     def num() -> str:
         return str(rng.randint(0, 10 ** rng.randint(1, 4) - 1))
 
@@ -178,9 +186,11 @@ def synthetic_corpus(seed: int = SEED, conversations: int = 1500) -> list[str]:
 
     rng = random.Random(seed)
     chats = [_conversation(rng) for _ in range(conversations)]
-    rendered, _ = render_jinja_template(
+    # (returns the rendered texts and generation indices, though annotated `-> str`)
+    result: Any = render_jinja_template(
         chats, tools=[CALCULATE_TOOL], chat_template=CHATML_TOOLS_TEMPLATE
     )
+    rendered: list[str] = result[0]
     lines: list[str] = []
     for text in rendered:
         for special in SPECIAL_TOKENS:

@@ -274,7 +274,7 @@ def _load_weights(path: Path, model: torch.nn.Module, value_head: torch.nn.Modul
             )
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, load_file(str(path / ADAPTER_FILE)))
+        result: Any = set_peft_model_state_dict(model, load_file(str(path / ADAPTER_FILE)))
         if result.unexpected_keys:
             raise RuntimeError(
                 f"adapter in {path} does not fit the model (unexpected keys: "
@@ -336,10 +336,11 @@ def _set_rng_state(state: dict[str, Any], generators: Mapping[str, torch.Generat
         gen.set_state(saved[name])
 
 
-def _merged_copy(model: torch.nn.Module) -> torch.nn.Module:
+def _merged_copy(model: torch.nn.Module) -> Any:
     if not _is_peft(model):
         return model
-    return copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+    merged: Any = copy.deepcopy(model)
+    return merged.merge_and_unload()
 
 
 def _swap_into_place(tmp: Path, final: Path) -> None:

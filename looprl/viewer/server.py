@@ -261,7 +261,9 @@ def start_server(
 ) -> tuple[ViewerServer, str]:
     """Start the viewer in a background thread; returns (server, url). Call `server.close()`."""
     server = ViewerServer((host, port), Viewer([Path(p) for p in paths]))
-    server._thread = threading.Thread(target=server.serve_forever, name="looprl-view", daemon=True)
+    server._thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="looprl-view", daemon=True
+    )
     server._thread.start()
     return server, server.url
 

@@ -23,9 +23,12 @@ SPECIALS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think
 
 
 def build_tokenizer(out_dir: Path) -> Path:
-    """Train a tiny byte-level BPE tokenizer on synthetic text and save it as a HF directory."""
+    """Train a tiny byte-level BPE tokenizer on synthetic text and save it as a HF directory.
+
+    Writes `tokenizer.json` and a minimal `tokenizer_config.json` (enough for
+    `transformers.AutoTokenizer`), using only the `tokenizers` package (fast, offline).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -34,13 +37,15 @@ def build_tokenizer(out_dir: Path) -> Path:
     corpus = [_render(ep, lambda s: [])[0] for ep in _episodes(rng, 1, 40, 1.0)]
     trainer = trainers.BpeTrainer(
         vocab_size=400,
+        show_progress=False,
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
     out_dir.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(out_dir))
+    tok.save(str(out_dir / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>"}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
     return out_dir
 
 
@@ -186,11 +191,11 @@ def write_episodes(path: Path, eps: list[EpisodeResult], encode: Encode) -> None
 
 
 def hf_encoder(tok_dir: Path) -> Encode:
-    """An `Encode` built from a saved tokenizer directory (no special-token insertion)."""
-    from transformers import AutoTokenizer
+    """An `Encode` from a directory's `tokenizer.json` (no special-token insertion)."""
+    from tokenizers import Tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
-    return lambda s: tok.encode(s, add_special_tokens=False) if s else []
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    return lambda s: list(tok.encode(s, add_special_tokens=False).ids) if s else []
 
 
 if __name__ == "__main__":

@@ -22,18 +22,18 @@ class Decoder(Protocol):
 def model_candidates(run_path: Path) -> list[str]:
     """Where the run's tokenizer may live: model names or paths from its config and metadata.
 
-    Looks at `config.json` and `metadata.json` for a `model`-like key (a string, or a table with
-    `name` / `path` / `tokenizer`), then at the newest checkpoint directory.
+    First the newest checkpoint directory holding tokenizer files, then any `model`-like key of
+    `config.json` and `metadata.json` (a string, or a table with `name` / `path` / `tokenizer`).
     """
     out: list[str] = []
+    ckpts = run_path / "checkpoints"
+    if ckpts.is_dir():  # the run's own copy is exact and needs no model resolution
+        dirs = sorted((d for d in ckpts.iterdir() if d.is_dir()), reverse=True)
+        out += [str(d) for d in dirs if _has_tokenizer_files(d)][:1]
     for name in ("config.json", "metadata.json"):
         doc = read_json(run_path / name)
         if isinstance(doc, dict):
             _collect(doc, out, depth=0)
-    ckpts = run_path / "checkpoints"
-    if ckpts.is_dir():
-        dirs = sorted((d for d in ckpts.iterdir() if d.is_dir()), reverse=True)
-        out += [str(d) for d in dirs if _has_tokenizer_files(d)][:1]
     return list(dict.fromkeys(out))
 
 

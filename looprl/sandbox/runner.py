@@ -1,0 +1,203 @@
+"""Runs cells of model-written code inside a sandbox child and reports each result as a frame.
+
+This module runs *inside* the sandbox, after the isolation layers are in place. A cell is run
+like a notebook cell: its statements are executed and the value of a trailing expression is
+captured as a `repr`. stdout and stderr are real pipes to the supervisor, wrapped in streams
+that stop the code with status `output_limit` once the output cap is reached (the supervisor
+also enforces the cap from outside, for output that bypasses these streams). Standard library
+only: the fork-server worker imports this module before the preloaded libraries.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import linecache
+import os
+import resource
+import sys
+import traceback
+from typing import Any
+
+from looprl.sandbox import proto
+
+RESULT_FD = 3
+CONTROL_FD = 4
+
+
+class OutputLimitExceeded(BaseException):
+    """Raised inside user code when stdout + stderr pass the cap (a BaseException, so that a
+    bare `except Exception` in the model's code does not swallow it)."""
+
+
+class _Budget:
+    """Bytes of output still allowed, shared by stdout and stderr."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+
+class CappedStream(io.TextIOBase):
+    """A text stream writing UTF-8 to a file descriptor, stopping the code at the output cap."""
+
+    def __init__(self, fd: int, budget: _Budget, buffer_size: int = 8192) -> None:
+        self._fd = fd
+        self._budget = budget
+        self._buffer = bytearray()
+        self._size = buffer_size
+
+    def writable(self) -> bool:
+        """Always True."""
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The encoding of the bytes written (UTF-8)."""
+        return "utf-8"
+
+    def fileno(self) -> int:
+        """The underlying descriptor."""
+        return self._fd
+
+    def isatty(self) -> bool:
+        """Never a terminal."""
+        return False
+
+    def write(self, s: str) -> int:
+        """Buffer `s`; raise OutputLimitExceeded once the shared budget is spent."""
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        data = s.encode("utf-8", "backslashreplace")
+        over = len(data) > self._budget.left
+        if over:
+            data = data[: max(self._budget.left, 0)]
+        self._budget.left -= len(data)
+        self._buffer += data
+        if over or len(self._buffer) >= self._size:
+            self.flush()
+        if over:
+            raise OutputLimitExceeded("output limit reached")
+        return len(s)
+
+    def flush(self) -> None:
+        """Write the buffer to the descriptor."""
+        view = memoryview(bytes(self._buffer))
+        self._buffer.clear()
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without the runner's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _compile(code: str, filename: str) -> tuple[Any, Any]:
+    """Compile a cell into (statements, trailing expression or None)."""
+    tree = ast.parse(code, filename, "exec")
+    expr = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        expr = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+    return compile(tree, filename, "exec"), expr
+
+
+def run_cell(code: str, namespace: dict[str, Any], cell_no: int, limits: dict[str, Any]) -> dict[str, Any]:
+    """Run one cell in `namespace`; return {"status", "value", "message"} for the supervisor."""
+    filename = f"<cell {cell_no}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    value: str | None = None
+    try:
+        body, expr = _compile(code, filename)
+        exec(body, namespace)
+        if expr is not None:
+            result = eval(expr, namespace)
+            if result is not None:
+                text = repr(result)
+                cap = int(limits["max_value_chars"])
+                value = text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more characters]"
+        return {"status": "ok", "value": value, "message": ""}
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return {"status": "ok", "value": None, "message": ""}
+        return _failure("error", f"SystemExit: {exc.code}", exc)
+    except OutputLimitExceeded:
+        cap = limits["max_output_bytes"]
+        return {"status": "output_limit", "value": None, "message": f"output passed the {cap}-byte limit"}
+    except MemoryError as exc:
+        msg = f"MemoryError: the code needed more than the {limits['memory_mb']} MB memory limit"
+        return _failure("memory", msg, exc)
+    except SyntaxError as exc:
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+        return _failure("error", text.strip().splitlines()[-1], exc, text)
+    except BaseException as exc:  # noqa: BLE001 - the model's code may raise anything
+        return _failure("error", f"{type(exc).__name__}: {exc}", exc)
+
+
+def _failure(status: str, message: str, exc: BaseException, text: str | None = None) -> dict[str, Any]:
+    """Write the traceback to stderr (within the cap) and build the result."""
+    try:
+        sys.stderr.write(text if text is not None else _user_traceback(exc))
+    except OutputLimitExceeded:
+        pass
+    except MemoryError:
+        message += " (traceback too large to print)"
+    return {"status": status, "value": None, "message": message[:2000]}
+
+
+def _install_streams(limits: dict[str, Any]) -> None:
+    """Fresh stdio objects on descriptors 0-2 with the shared output budget."""
+    budget = _Budget(int(limits["max_output_bytes"]))
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = CappedStream(1, budget)
+    sys.stderr = CappedStream(2, budget, buffer_size=0)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+
+
+def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OutputLimitExceeded:
+            result.update(status="output_limit", message=f"output passed the {limits['max_output_bytes']}-byte limit")
+        except OSError:
+            pass
+
+
+def _reap() -> None:
+    """Collect exited children of the code's own forks (they count against the process limit)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def serve(limits: dict[str, Any], persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD) -> None:
+    """Answer cell requests from `ctl_fd` until end of file (one request when not persistent).
+
+    Each request is a frame {"code", "cpu_seconds"}; each answer a frame on `res_fd`. A stateless
+    child lowers its CPU-time limit to the request's before running the code, then exits.
+    """
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    cell_no = 0
+    while True:
+        request = proto.read_frame(ctl_fd)
+        if request is None:
+            os._exit(0)
+        cell_no += 1
+        if not persistent:
+            cpu = int(request["cpu_seconds"])
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            cpu += int(used.ru_utime + used.ru_stime)
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        _install_streams(limits)
+        result = run_cell(request["code"], namespace, cell_no, limits)
+        _flush_streams(result, limits)
+        _reap()
+        proto.write_frame(res_fd, result)
+        if not persistent:
+            os._exit(0)
