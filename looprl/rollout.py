@@ -143,7 +143,11 @@ async def _episode_loop(
         messages.extend(outcome.messages)
         if token_level:
             assert renderer is not None
-            segment = _append_env_turn(renderer, before, messages, gen.token_ids, segment, result, turn)
+            size = len(segment)
+            segment = _append_env_turn(renderer, before, messages, gen.token_ids, segment, result, turn, limits.max_context_tokens)
+            if len(segment) == size:
+                result.truncated, result.stop_reason = True, "max_context"
+                break
 
 
 def _append_env_turn(
@@ -154,11 +158,18 @@ def _append_env_turn(
     segment: Trajectory,
     result: EpisodeResult,
     turn: int,
+    max_context: int,
 ) -> Trajectory:
-    """Extend the segment with glue + suffix (mask 0), or start a new segment on a template break."""
+    """Extend the segment with glue + suffix (mask 0), or start a new segment on a template break.
+
+    An environment turn that would not leave room to generate within `max_context` is not
+    appended; the caller sees the segment did not grow and stops with `max_context`.
+    """
     ext = renderer.extend(before, after, sampled_ids)
     if ext.ok:
-        segment.extend(ext.glue_ids + ext.suffix_ids, sampled=False, turn=turn)
+        new_ids = ext.glue_ids + ext.suffix_ids
+        if len(segment) + len(new_ids) < max_context:
+            segment.extend(new_ids, sampled=False, turn=turn)
         return segment
     new_segment = Trajectory()
     new_segment.extend(ext.full_ids, sampled=False, turn=turn)

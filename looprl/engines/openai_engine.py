@@ -21,6 +21,7 @@ fails returns `Generation(finish_reason="error", error=...)`: `generate` never r
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -36,7 +37,7 @@ from looprl.types import FinishReason, Generation, Message, ToolCall
 
 _TOKEN_ID_PREFIX = "token_id:"
 _MAX_RETRY_AFTER_S = 60.0
-_CONNECTIONS_PER_CLIENT = 64
+_CONNECTIONS_PER_CLIENT = 1
 
 
 class OpenAIEngine:
@@ -278,11 +279,12 @@ class OpenAIEngine:
 
 
 class _ClientPool:
-    """httpx clients with small connection pools behind one semaphore, bound to one event loop.
+    """`max_concurrency` request slots over httpx clients with tiny connection pools, on one loop.
 
     httpcore 1.0's connection pool does work proportional to connections x queued requests on
-    every event, which caps one client near 100 requests/s at 256 connections; several clients
-    of `_CONNECTIONS_PER_CLIENT` connections each, least-loaded first, keep that cost small.
+    every event, which caps one client near 100 requests/s at 256 connections. Here each client
+    holds `_CONNECTIONS_PER_CLIENT` connections and a request takes a free slot (a client with
+    spare capacity) from a free list, so the bookkeeping per request stays constant.
     """
 
     def __init__(
@@ -292,27 +294,29 @@ class _ClientPool:
         timeout: float,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        n = -(-max_concurrency // _CONNECTIONS_PER_CLIENT)  # ceil division
-        per = min(max_concurrency, _CONNECTIONS_PER_CLIENT)
+        per = _CONNECTIONS_PER_CLIENT
+        n = -(-max_concurrency // per)  # ceil division
         limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
+        ssl_context = httpx.create_ssl_context()  # loading CA certificates once, not per client
         self.clients = [
-            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout), limits=limits)
+            httpx.AsyncClient(
+                headers=headers, timeout=httpx.Timeout(timeout), limits=limits, verify=ssl_context
+            )
             for _ in range(n)
         ]
-        self.load = [0] * n
+        self.free = collections.deque(i // per for i in range(max_concurrency))
         self.semaphore = asyncio.Semaphore(max_concurrency)
         self.loop = loop
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
-        """Hold one of `max_concurrency` slots and the least-loaded client while the block runs."""
+        """Hold one of `max_concurrency` slots (and its client) while the block runs."""
         async with self.semaphore:
-            i = min(range(len(self.load)), key=self.load.__getitem__)
-            self.load[i] += 1
+            i = self.free.popleft()
             try:
                 yield self.clients[i]
             finally:
-                self.load[i] -= 1
+                self.free.append(i)
 
     async def aclose(self) -> None:
         """Close every client's connections."""

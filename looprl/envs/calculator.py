@@ -67,10 +67,10 @@ def _eval_node(node: ast.AST) -> int | float:
 
 
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression exactly.
+    """Evaluate an arithmetic expression and return its value.
 
     Args:
-        expression: Arithmetic using numbers, + - * / // % ** and parentheses, e.g. "(12 + 3) * 4".
+        expression: The expression, e.g. (12 + 3) * 4.
     """
     value = safe_eval(expression)
     if isinstance(value, float) and value.is_integer():

@@ -131,13 +131,14 @@ def write_run(
     eval_every: int = 5,
     encode: Encode | None = None,
     model: str = "tiny",
+    seed: int = 0,
 ) -> Path:
     """Write a complete synthetic training run; returns `path`."""
     enc: Encode = encode or (lambda s: [])
     path.mkdir(parents=True, exist_ok=True)
     cfg = {"model": model, "trainer": {"steps": steps, "group_size": group}, "env": "calc"}
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    rng = random.Random(0)
+    rng = random.Random(seed)
     with open(path / "metrics.jsonl", "w") as mf:
         for step in range(1, steps + 1):
             skill = 0.2 + 0.7 * (1 - math.exp(-step / 8))

@@ -114,7 +114,8 @@ LV.charts = (() => {
       for (const s of this.series) {
         const span = document.createElement("span");
         span.className = this.hidden.has(s.name) ? "off" : "";
-        span.innerHTML = `<i class="swatch" style="background:${s.color}"></i>`;
+        const dash = (s.dash || []).join(",");
+        span.innerHTML = `<svg width="20" height="8"><line x1="0" y1="4" x2="20" y2="4" stroke="${s.color}" stroke-width="2.5" stroke-dasharray="${dash}"/></svg>`;
         span.append(s.label);
         span.onclick = () => {
           if (this.hidden.has(s.name)) this.hidden.delete(s.name); else this.hidden.add(s.name);

@@ -1,0 +1,1 @@
+"""Sandboxed Python execution for tools: one executor interface, several isolation backends."""

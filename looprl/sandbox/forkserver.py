@@ -1,0 +1,357 @@
+"""The default local backend: a pool of preloaded fork-server workers, driven from asyncio.
+
+Each worker is a separate interpreter (started with a clean environment, `python -I`) that has
+imported numpy and sympy once and forks a hardened child per call (see `worker`). Calls go to
+any idle worker; a session is pinned to the worker that holds its interpreter. A worker that
+dies or stops answering is restarted, and the call in flight ends with `sandbox_error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from looprl.sandbox import proto
+from looprl.sandbox.base import ExecResult, Executor, IsolationReport, SandboxLimits
+from looprl.sandbox.isolation import child_env, kernel_probe
+
+logger = logging.getLogger("looprl.sandbox")
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+# Import the worker without running looprl/__init__.py (which may import heavy libraries).
+_BOOTSTRAP = """
+import sys, types
+for name, sub in (("looprl", "/looprl"), ("looprl.sandbox", "/looprl/sandbox")):
+    module = types.ModuleType(name)
+    module.__path__ = [sys.argv[1] + sub]
+    sys.modules[name] = module
+from looprl.sandbox.worker import main
+main()
+"""
+_GRACE = 10.0  # seconds a worker may take beyond the call's timeout before it counts as hung
+_UID_SPAN = 65536
+
+PROBE_CODE = r"""
+import ctypes, errno, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(fn):
+    try:
+        fn()
+        return "allowed"
+    except OSError as exc:
+        return f"blocked ({errno.errorcode.get(exc.errno, exc.errno)})"
+def ptrace():
+    if libc.ptrace(16, os.getppid(), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace")
+def write_outside():
+    path = f"/tmp/.looprl-probe-{os.getpid()}"
+    open(path, "w").close()
+    os.unlink(path)
+def spawn():
+    os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0)
+print(json.dumps({
+    "uid": os.getuid(),
+    "inet_socket": attempt(lambda: socket.socket().close()),
+    "list_root_dir": attempt(lambda: os.listdir("/")),
+    "write_tmp": attempt(write_outside),
+    "exec": attempt(spawn),
+    "signal_worker": attempt(lambda: os.kill(os.getppid(), 0)),
+    "ptrace": attempt(ptrace),
+    "seccomp_mode": libc.prctl(21, 0, 0, 0, 0),
+    "no_new_privs": libc.prctl(39, 0, 0, 0, 0),
+}))
+"""
+
+
+@dataclass
+class _Session:
+    worker: int
+    uid: int
+    generation: int
+    last_used: float
+
+
+class _Worker:
+    """One worker process as the pool sees it."""
+
+    def __init__(self, index: int, uid: int) -> None:
+        self.index = index
+        self.uid = uid
+        self.proc: asyncio.subprocess.Process | None = None
+        self.busy = False
+        self.waiters = 0
+        self.generation = 0
+        self.features: dict[str, Any] = {}
+
+    async def start(self, python: str, config: dict[str, Any], env: dict[str, str]) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            python, "-I", "-c", _BOOTSTRAP, _PACKAGE_ROOT,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd="/",
+        )  # fmt: skip
+        self.generation += 1
+        hello = await asyncio.wait_for(self.call({**config, "uid": self.uid}), 120)
+        if hello.get("op") != "hello":
+            raise RuntimeError(f"sandbox worker sent {hello!r} instead of its hello")
+        self.features = hello["features"]
+
+    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one frame and wait for the answer; ConnectionError if the worker is gone."""
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(proto.encode(msg))
+            await self.proc.stdin.drain()
+            head = await self.proc.stdout.readexactly(proto.HEADER.size)
+            body = await self.proc.stdout.readexactly(proto.HEADER.unpack(head)[0])
+        except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError) as exc:
+            raise ConnectionError(f"sandbox worker {self.index} exited (code {self.proc.returncode})") from exc
+        return dict(proto.decode_body(body))
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(Exception):
+            assert proc.stdin is not None
+            proc.stdin.write(proto.encode({"op": "shutdown"}))
+            await proc.stdin.drain()
+            proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), 3)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+class ForkServerExecutor(Executor):
+    """Pre-forked, preloaded Linux sandbox pool (the default backend).
+
+    Args:
+        limits: Resource limits per call.
+        workers: Worker processes, i.e. calls that run at once (default 2 x CPU cores, 2..16).
+        preload: Modules each worker imports once so calls need not (numpy and sympy).
+        max_sessions: Open sessions kept; the least recently used is closed beyond that.
+        session_idle_seconds: Sessions unused this long are closed.
+        python: Interpreter for the workers (default: this one).
+        namespaces: Let workers create mount/network/PID namespaces (off only for debugging).
+    """
+
+    name = "forkserver"
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        workers: int | None = None,
+        preload: tuple[str, ...] = ("numpy", "sympy"),
+        max_sessions: int = 256,
+        session_idle_seconds: float = 900.0,
+        python: str | None = None,
+        namespaces: bool = True,
+    ) -> None:
+        super().__init__(limits)
+        if sys.platform != "linux":
+            raise RuntimeError("ForkServerExecutor needs Linux; use SubprocessExecutor or HttpExecutor here")
+        self.n_workers = workers or min(16, max(2, 2 * (os.cpu_count() or 1)))
+        self.preload = tuple(preload)
+        self.max_sessions = max_sessions
+        self.session_idle_seconds = session_idle_seconds
+        self.python = python or sys.executable
+        self.namespaces = namespaces
+        self._uid_base = (1 << 20) + secrets.randbelow(30000) * _UID_SPAN
+        self._uid_next = self.n_workers
+        self._workers = [_Worker(i, self._uid_base + i) for i in range(self.n_workers)]
+        self._sessions: dict[str, _Session] = {}
+        self._evicted: dict[str, str] = {}
+        self._cond = asyncio.Condition()
+        self._start_lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+        self._scratch_root = ""
+        self._report = IsolationReport(self.name, "weak", notes=["not started yet: call start()"])
+
+    async def start(self) -> None:
+        """Start the workers, probe the isolation from inside a sandbox and log the report."""
+        async with self._start_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise RuntimeError("this executor is closed; create a new one")
+            self._scratch_root = tempfile.mkdtemp(prefix="looprl-sandbox-")
+            os.chmod(self._scratch_root, 0o711)
+            await asyncio.gather(*(self._start_worker(w) for w in self._workers))
+            self._started = True
+            probe = await self.execute(PROBE_CODE, timeout=30)
+            self._report = self._build_report(probe)
+            log = logger.info if self._report.level == "strong" else logger.warning
+            log("%s", self._report.summary())
+
+    async def _start_worker(self, w: _Worker) -> None:
+        env = child_env("/")
+        config = {"op": "config", "limits": self.limits.to_dict(), "scratch_root": self._scratch_root}
+        config.update(preload=list(self.preload), namespaces=self.namespaces)
+        await w.start(self.python, config, env)
+
+    def _build_report(self, probe: ExecResult) -> IsolationReport:
+        features = {**kernel_probe(), **self._workers[0].features}
+        verified: dict[str, Any] = {}
+        notes = []
+        try:
+            verified = json.loads(probe.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            notes.append(f"the in-sandbox probe failed ({probe.status}: {probe.message}) {probe.stderr[-500:]}")
+        blocked = [k for k in ("inet_socket", "list_root_dir", "write_tmp", "exec", "signal_worker", "ptrace") if str(verified.get(k, "")).startswith("blocked")]
+        strong = len(blocked) == 6 and isinstance(features.get("uid_drop"), str) and features["uid_drop"].startswith("unique")
+        if not features.get("root"):
+            notes.append("the worker is not root: sandboxes run as the trainer's uid (Landlock and seccomp still apply)")
+        if "pid" not in str(features.get("namespaces")):
+            notes.append("no PID namespace: processes that escape are found through the subreaper and /proc")
+        if features.get("landlock", "").startswith("unavailable"):
+            notes.append("no Landlock: files are protected only by uid, permissions and read-only mounts")
+        level = "strong" if strong else ("partial" if "inet_socket" in blocked else "weak")
+        return IsolationReport(self.name, level, features, verified, notes)
+
+    def isolation_report(self) -> IsolationReport:
+        """The isolation in force (probed at `start()`); record `to_dict()` in run metadata."""
+        return self._report
+
+    def _allocate_uid(self) -> int:
+        used = {s.uid for s in self._sessions.values()} | {w.uid for w in self._workers}
+        for _ in range(_UID_SPAN):
+            self._uid_next = (self._uid_next + 1) % _UID_SPAN
+            uid = self._uid_base + self._uid_next
+            if uid not in used:
+                return uid
+        raise RuntimeError("no free sandbox uid: close sessions you no longer need")
+
+    async def _acquire(self, index: int | None) -> _Worker:
+        async with self._cond:
+            while True:
+                if index is not None:
+                    w = self._workers[index]
+                    if not w.busy:
+                        break
+                    w.waiters += 1
+                else:
+                    free = [w for w in self._workers if not w.busy]
+                    if free:
+                        w = min(free, key=lambda x: x.waiters)
+                        break
+                try:
+                    await self._cond.wait()
+                finally:
+                    if index is not None:
+                        self._workers[index].waiters -= 1
+            w.busy = True
+            return w
+
+    async def _release(self, w: _Worker) -> None:
+        async with self._cond:
+            w.busy = False
+            self._cond.notify_all()
+
+    async def _session(self, session_id: str) -> tuple[_Session, str]:
+        """The session record (created on first use) and a note if its state was lost earlier."""
+        note = self._evicted.pop(session_id, "")
+        sess = self._sessions.get(session_id)
+        if sess is None:
+            await self._evict()
+            counts = [sum(s.worker == w.index for s in self._sessions.values()) for w in self._workers]
+            index = counts.index(min(counts))
+            sess = _Session(index, self._allocate_uid(), self._workers[index].generation, time.monotonic())
+            self._sessions[session_id] = sess
+        return sess, note
+
+    async def _evict(self) -> None:
+        now = time.monotonic()
+        idle = [sid for sid, s in self._sessions.items() if now - s.last_used > self.session_idle_seconds]
+        for sid in idle:
+            await self.close_session(sid)
+            self._evicted[sid] = f"the session was closed after {self.session_idle_seconds:g} s idle"
+        while len(self._sessions) >= self.max_sessions:
+            sid = min(self._sessions, key=lambda k: self._sessions[k].last_used)
+            await self.close_session(sid)
+            self._evicted[sid] = f"the session was closed (more than {self.max_sessions} open sessions)"
+        while len(self._evicted) > 4 * self.max_sessions:
+            self._evicted.pop(next(iter(self._evicted)))
+
+    async def execute(
+        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+    ) -> ExecResult:
+        """Run `code` in a fresh child, or in the session's interpreter when `session_id` is given."""
+        t = self._timeout(timeout)
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        await self.start()
+        note = ""
+        if session_id is None:
+            w = await self._acquire(None)
+            msg: dict[str, Any] = {"op": "exec", "code": code, "timeout": t}
+        else:
+            sess, note = await self._session(session_id)
+            w = await self._acquire(sess.worker)
+            if sess.generation != w.generation:
+                note = note or "the sandbox worker was restarted"
+                sess.generation = w.generation
+            msg = {"op": "session", "sid": session_id, "uid": sess.uid, "code": code, "timeout": t}
+        try:
+            reply = await asyncio.wait_for(w.call(msg), t + _GRACE)
+        except (ConnectionError, asyncio.TimeoutError, proto.ProtocolError) as exc:
+            await self._restart(w)
+            reason = str(exc) or "the worker did not answer in time"
+            return ExecResult("sandbox_error", message=f"sandbox infrastructure failure ({reason}); not the code's fault, retry")
+        finally:
+            await self._release(w)
+        result = ExecResult.from_dict(reply)
+        if session_id is not None:
+            if session_id in self._sessions:
+                self._sessions[session_id].last_used = time.monotonic()
+            if note:
+                result.session_reset = True
+                result.message = (f"Note: {note}; earlier variables are gone. " + result.message).strip()
+        return result
+
+    async def _restart(self, w: _Worker) -> None:
+        """Replace a dead or hung worker (its sessions are lost)."""
+        await w.stop()
+        for sid in [sid for sid, s in self._sessions.items() if s.worker == w.index]:
+            self._evicted[sid] = "the sandbox worker holding this session failed"
+            del self._sessions[sid]
+        if not self._closed:
+            try:
+                await self._start_worker(w)
+            except Exception as exc:  # noqa: BLE001 - keep the pool alive; the next call retries
+                logger.error("could not restart sandbox worker %d: %s", w.index, exc)
+
+    async def close_session(self, session_id: str) -> None:
+        """Kill a session's interpreter and delete its scratch directory."""
+        sess = self._sessions.pop(session_id, None)
+        if sess is None or not self._started:
+            return
+        w = await self._acquire(sess.worker)
+        try:
+            if w.generation == sess.generation:
+                await asyncio.wait_for(w.call({"op": "close", "sid": session_id}), _GRACE)
+        except (ConnectionError, asyncio.TimeoutError, proto.ProtocolError):
+            await self._restart(w)
+        finally:
+            await self._release(w)
+
+    async def close(self) -> None:
+        """Stop every worker (killing all sandboxes) and remove the scratch root."""
+        self._closed = True
+        await asyncio.gather(*(w.stop() for w in self._workers))
+        self._sessions.clear()
+        if self._scratch_root:
+            shutil.rmtree(self._scratch_root, ignore_errors=True)
+        self._started = False

@@ -1,0 +1,145 @@
+"""`looprl view` in a real browser: Debian's chromium, headless, driven by Playwright.
+
+Loads a folder with two runs, checks that curves are drawn (series colours on the canvas) and
+update live, opens a rollout, toggles the token view, opens the compare view, and saves
+screenshots (to $LOOPRL_VIEWER_SHOTS when set, else a pytest tmp dir) that must be real PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from looprl.viewer import start_server
+from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)",
+    ),
+]
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    """Two runs in one folder; `alpha` has a tokenizer and one malformed rollout line."""
+    tok = build_tokenizer(tmp_path / "tok")
+    root = tmp_path / "runs"
+    write_run(root / "alpha", steps=12, tasks=5, group=4, eval_every=4, encode=hf_encoder(tok), model=str(tok))
+    write_run(root / "beta", steps=8, tasks=5, group=4, eval_every=4, seed=1)
+    with open(root / "alpha" / "rollouts" / "step_000012.jsonl", "a") as f:
+        f.write("{this line is broken\n")
+    return root
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go."""
+    d = Path(os.environ.get("LOOPRL_VIEWER_SHOTS") or tmp_path / "shots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def check_png(path: Path) -> None:
+    """The file is a PNG with real content (many colours), not a blank page."""
+    from PIL import Image
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, path
+    with Image.open(path) as im:
+        colours = im.convert("RGB").getcolors(maxcolors=1_000_000)
+    assert colours is not None and len(colours) > 50, f"{path} looks blank"
+
+
+def colour_count(page, chart: str, hex_colour: str) -> int:
+    """Pixels of `hex_colour` on the named chart's canvas."""
+    return page.evaluate(f"LV.app.state.charts[{chart!r}].colorCount({hex_colour!r})")
+
+
+def test_viewer_in_chromium(runs_dir: Path, shots: Path):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    srv, url = start_server([runs_dir])
+    errors: list[str] = []
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            check_curves(page, runs_dir, shots)
+            check_rollouts(page, shots)
+            check_compare(page, shots)
+            browser.close()
+    finally:
+        srv.close()
+    assert not errors, errors
+    for name in ("curves", "episode", "tokens", "compare"):
+        check_png(shots / f"{name}.png")
+
+
+def check_curves(page, runs_dir: Path, shots: Path) -> None:
+    """Both runs overlaid (one colour per run), axis switch, live update without reload."""
+    page.wait_for_function("LV.app.state.charts.reward && LV.app.state.charts.kl")
+    page.wait_for_function("Object.keys(LV.app.state.metrics).length === 2")
+    page.wait_for_function("LV.app.state.charts.reward.series.some(s => s.points.length === 12)")
+    assert colour_count(page, "reward", "#2f6fde") > 100  # alpha
+    assert colour_count(page, "reward", "#e0533d") > 100  # beta
+    titles = page.eval_on_selector_all(".chart h3", "els => els.map(e => e.textContent)")
+    assert titles[:3] == ["reward", "eval", "kl"] and "time" in titles
+    page.screenshot(path=str(shots / "curves.png"), full_page=True)
+    page.select_option("#xaxis", "wall_time")
+    assert page.evaluate("LV.app.state.charts.kl.xKind") == "wall_time"
+    assert colour_count(page, "kl", "#2f6fde") > 50
+    with open(runs_dir / "alpha" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 13, "wall_time": 60.0, "reward/mean": 2.0, "kl": 0.5}) + "\n")
+    page.wait_for_function(
+        "LV.app.state.charts.reward.series.some(s => s.points.length === 13)", timeout=10_000
+    )
+
+
+def check_rollouts(page, shots: Path) -> None:
+    """Browse, open an episode turn by turn, then toggle the token view."""
+    page.click("#tabs button[data-tab=rollouts]")
+    page.wait_for_selector("#rollouts tbody tr")
+    assert "malformed" in page.inner_text("#notices")
+    assert page.input_value("#f-step") == "12"
+    page.select_option("#f-step", "all")
+    page.wait_for_function("document.querySelector('#page-info').textContent.includes('of 240')")
+    page.click("#rollouts tbody tr:nth-child(3)")
+    page.wait_for_selector("#episode .ep-head")
+    assert page.inner_text("#episode .call .name") == "calculator"
+    assert "TOOL RESULT" in page.inner_text("#episode").upper()
+    assert page.locator("#episode .think").count() == 2
+    page.screenshot(path=str(shots / "episode.png"), full_page=True)
+    page.click("#episode .tok-toggle")
+    page.wait_for_selector("#episode .tokens .tok.m1")
+    assert page.locator("#episode .tok.m0").count() > 20
+    assert page.locator("#episode .tok.m1").count() > 20
+    assert "tokenizer from" in page.inner_text("#episode .tokenizer-note")
+    trained = page.eval_on_selector_all("#episode .tok.m1", "els => els.map(e => e.textContent).join('')")
+    assert "The answer is" in trained and "What is" not in trained
+    page.screenshot(path=str(shots / "tokens.png"), full_page=True)
+
+
+def check_compare(page, shots: Path) -> None:
+    """Same task at two steps side by side."""
+    page.click("#episode .compare-btn")
+    page.wait_for_selector("#side-a .ep-head")
+    page.wait_for_selector("#side-b .ep-head")
+    a = page.input_value("#side-a .c-step")
+    b = page.input_value("#side-b .c-step")
+    assert int(a) < int(b) == 12
+    task = page.input_value("#c-task")
+    assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == task
+    page.screenshot(path=str(shots / "compare.png"), full_page=True)
