@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     _sft_parser(sub)
     _view_parser(sub)
     _init_parser(sub)
-    args, extra = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, extra = split_dotted(argv)
+    args = parser.parse_args(argv)
     if args.command == "eval":
         return run_eval_command(args, parse_overrides(extra, "env"))
     if args.command in ("train", "sft"):
@@ -74,6 +76,26 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
+
+
+def split_dotted(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate `--section.field VALUE` overrides (and `--a.b=VALUE`) from ordinary arguments."""
+    plain: list[str] = []
+    dotted: list[str] = []
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        if item.startswith("--") and "." in item.split("=", 1)[0]:
+            if "=" in item or i + 1 >= len(argv):
+                dotted.append(item)
+                i += 1
+            else:
+                dotted += [item, argv[i + 1]]
+                i += 2
+            continue
+        plain.append(item)
+        i += 1
+    return plain, dotted
 
 
 def _default_output(args: argparse.Namespace) -> Path:

@@ -45,6 +45,10 @@ async def rollout(
 ) -> EpisodeResult:
     """Run one episode and return its (unscored) result; never raises for engine or env failures."""
     config = config or RolloutConfig()
+    sub_env = env.for_task(task)  # a mixture hands each task to its own environment
+    if sub_env is not env and renderer is not None:
+        renderer = Renderer(renderer.tokenizer, sub_env.tool_schemas)  # offer that task's tools
+    env = sub_env
     result = EpisodeResult(task=task, messages=list(task.prompt), rollout_index=rollout_index)
     start = time.perf_counter()
     state: dict[str, Any] = {}
@@ -229,7 +233,7 @@ async def run_groups(
             t0 = time.perf_counter()
             scorable = [ep for ep in out if not ep.rollout_error]
             if scorable:
-                await env.rubric.score_group(scorable)
+                await env.for_task(task).rubric.score_group(scorable)
             for ep in out:
                 ep.timings["score"] = (time.perf_counter() - t0) / max(1, len(out))
         if on_group is not None:

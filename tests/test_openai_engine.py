@@ -90,6 +90,8 @@ def test_invalid_settings_are_rejected_with_the_field_name() -> None:
         OpenAIEngine("http://x/v1", "m", max_concurrency=0)
     with pytest.raises(ValueError, match="timeout"):
         OpenAIEngine("http://x/v1", "m", timeout=0)
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIEngine("localhost:8000/v1", "m")
 
 
 async def test_multi_turn_tool_calls_round_trip() -> None:
@@ -311,13 +313,17 @@ async def test_a_few_failures_do_not_break_the_other_requests() -> None:
     assert srv.request_count == 60 + 4 * 2
 
 
-def test_engine_survives_separate_event_loops() -> None:
+def test_engine_is_reusable_across_event_loops() -> None:
+    async def generate_and_close(eng: OpenAIEngine) -> str:
+        gen = await eng.generate(chat())
+        await eng.close()
+        return gen.text
+
     with FakeOpenAIServer(script=["a"]) as srv:
         eng = engine(srv)
-        first = asyncio.run(eng.generate(chat()))
-        second = asyncio.run(eng.generate(chat()))
-        asyncio.run(eng.close())
-    assert first.text == second.text == "a"
+        assert asyncio.run(generate_and_close(eng)) == "a"
+        assert asyncio.run(generate_and_close(eng)) == "a"  # a new loop gets new connections
+    assert srv.request_count == 2
 
 
 def test_fake_server_models_route_and_stop() -> None:
@@ -351,3 +357,14 @@ def test_fake_server_reports_script_errors_as_500() -> None:
     with FakeOpenAIServer(script=script) as srv:
         r = httpx.post(srv.base_url + "/chat/completions", json={"messages": []})
     assert r.status_code == 500 and "KeyError" in r.json()["error"]["message"]
+
+
+async def test_fake_server_serves_256_concurrent_connections() -> None:
+    with FakeOpenAIServer(script=["ok"], delay=0.3) as srv:
+        eng = engine(srv, max_concurrency=256, timeout=30.0)
+        gens = await asyncio.gather(*(eng.generate(chat(str(i))) for i in range(256)))
+        await eng.close()
+    assert [g.error for g in gens] == [None] * 256
+    assert srv.request_count == 256
+    assert srv.max_in_flight > 16  # requests really overlapped on the server
+    assert eng.stats["retries"] == 0

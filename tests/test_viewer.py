@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +19,7 @@ import pytest
 from looprl.viewer import main_args, start_server
 from looprl.viewer.jsonl import EpisodeFile, Interner, MetricsFile, episode_summary
 from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_run
-from looprl.viewer.tokens import model_candidates
+from looprl.viewer.tokens import _FastDecoder, _HFDecoder, model_candidates
 
 
 def get(url: str, path: str) -> Any:
@@ -106,7 +110,7 @@ def test_rollout_filters_and_paging(server, run):
     assert errs["total"] == sum(bool(r["errors"]) for r in rows) > 0
     tool = get(url, base + "&step=all&errors=tool_errors&limit=500")["total"]
     clean = get(url, base + "&step=all&errors=clean&limit=500")["total"]
-    assert 0 < tool and clean == sum(not r["errors"] and not r["tool_errors"] for r in rows)
+    assert tool > 0 and clean == sum(not r["errors"] and not r["tool_errors"] for r in rows)
     task = get(url, base + "&step=all&task=task-0002&limit=500")
     assert task["total"] == 8 * 4 and {i["task_id"] for i in task["items"]} == {"task-0002"}
     ev = get(url, "api/rollouts?run=runA&source=eval&step=all")
@@ -119,7 +123,13 @@ def test_episode_and_token_view(server, run, tok_dir):
     plain = get(url, f"api/episode?run=runA&file={item['file']}&i={item['i']}")
     ep = plain["episode"]
     assert "tokens" not in plain and ep["task"]["id"] == item["task_id"]
-    assert [m["role"] for m in ep["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in ep["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert ep["messages"][2]["tool_calls"][0]["name"] == "calculator"
     tok = get(url, f"api/episode?run=runA&file={item['file']}&i={item['i']}&tokens=1")
     pieces = tok["tokens"][0]
@@ -197,7 +207,9 @@ def test_summary_fast_path_matches_full_parse():
         )
     )
     fast = episode_summary(json.dumps(ep).encode())
-    compact = episode_summary(json.dumps(dict(reversed(ep.items())), separators=(",", ":")).encode())
+    compact = episode_summary(
+        json.dumps(dict(reversed(ep.items())), separators=(",", ":")).encode()
+    )
     assert fast == compact == ("7", "e", 0.25, 2 | 4)
     nan = dict(ep, reward=float("nan"), errors=[{"kind": "scoring"}])
     _, _, r, flags = episode_summary(json.dumps(nan).encode())
@@ -222,14 +234,20 @@ def test_folder_of_runs_eval_dir_and_read_only(server, tmp_path):
     write_run(root / "b", steps=3, tasks=2, group=2, eval_every=10)
     ev = root / "evalx"
     ev.mkdir()
-    (ev / "results.jsonl").write_text((root / "a" / "eval" / "step_000001" / "results.jsonl").read_text())
+    (ev / "results.jsonl").write_text(
+        (root / "a" / "eval" / "step_000001" / "results.jsonl").read_text()
+    )
     meta = {"model": "not-a-model", "summary": {"accuracy": 0.5}}
     (ev / "metadata.json").write_text(json.dumps(meta))
     (root / "notes").mkdir()  # not a run
     before = snapshot(root)
     url = server(root)
     runs = get(url, "api/runs")["runs"]
-    assert [(r["id"], r["kind"]) for r in runs] == [("a", "train"), ("b", "train"), ("evalx", "eval")]
+    assert [(r["id"], r["kind"]) for r in runs] == [
+        ("a", "train"),
+        ("b", "train"),
+        ("evalx", "eval"),
+    ]
     assert runs[2]["summary"] == {"accuracy": 0.5}
     assert get(url, "api/rollouts?run=evalx")["total"] == 2
     assert get(url, "api/episode?run=evalx&file=eval:-&i=1&tokens=1")["episode"]["task"]["id"]
@@ -259,3 +277,27 @@ def test_errors_name_the_problem(server, run, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         start_server([tmp_path / "missing"])
     assert main_args([str(tmp_path / "missing")]) == 2
+
+
+def test_module_entry_point_prints_url_and_serves(run):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "looprl.viewer", str(run)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert "1 run(s): runA" in lines[0]
+        url = re.search(r"http://127\.0\.0\.1:\d+/", lines[1])
+        assert url, lines
+        assert get(url.group(0), "api/runs")["runs"][0]["id"] == "runA"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+
+
+def test_transformers_fallback_decodes_like_tokenizers(tok_dir):
+    fast, hf = _FastDecoder(tok_dir / "tokenizer.json"), _HFDecoder(tok_dir)
+    ids = hf_encoder(tok_dir)("<|im_start|>user\nWhat is 3 * 7?<|im_end|>")
+    assert [hf.decode([i]) for i in ids] == [fast.decode([i]) for i in ids]
+    assert "".join(fast.decode([i]) for i in ids) == "<|im_start|>user\nWhat is 3 * 7?<|im_end|>"

@@ -1,6 +1,6 @@
 """`looprl view` in a real browser: Debian's chromium, headless, driven by Playwright.
 
-Loads a folder with two runs, checks that curves are drawn (series colours on the canvas) and
+Loads a folder with two training runs and an eval result directory, checks that curves are drawn (series colours on the canvas) and
 update live, opens a rollout, toggles the token view, opens the compare view, and saves
 screenshots (to $LOOPRL_VIEWER_SHOTS when set, else a pytest tmp dir) that must be real PNGs.
 """
@@ -36,10 +36,22 @@ def runs_dir(tmp_path: Path) -> Path:
     """Two runs in one folder; `alpha` has a tokenizer and one malformed rollout line."""
     tok = build_tokenizer(tmp_path / "tok")
     root = tmp_path / "runs"
-    write_run(root / "alpha", steps=12, tasks=5, group=4, eval_every=4, encode=hf_encoder(tok), model=str(tok))
+    write_run(
+        root / "alpha",
+        steps=12,
+        tasks=5,
+        group=4,
+        eval_every=4,
+        encode=hf_encoder(tok),
+        model=str(tok),
+    )
     write_run(root / "beta", steps=8, tasks=5, group=4, eval_every=4, seed=1)
     with open(root / "alpha" / "rollouts" / "step_000012.jsonl", "a") as f:
         f.write("{this line is broken\n")
+    ev = root / "gamma-eval"  # a `looprl eval` result directory
+    ev.mkdir()
+    (ev / "results.jsonl").write_bytes((root / "beta/eval/step_000008/results.jsonl").read_bytes())
+    (ev / "metadata.json").write_text(json.dumps({"summary": {"accuracy": 0.6, "reward": 0.7}}))
     return root
 
 
@@ -78,7 +90,7 @@ def test_viewer_in_chromium(runs_dir: Path, shots: Path):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(url)
             check_curves(page, runs_dir, shots)
-            check_rollouts(page, shots)
+            check_rollouts(page, runs_dir, shots)
             check_compare(page, shots)
             browser.close()
     finally:
@@ -91,7 +103,10 @@ def test_viewer_in_chromium(runs_dir: Path, shots: Path):
 def check_curves(page, runs_dir: Path, shots: Path) -> None:
     """Both runs overlaid (one colour per run), axis switch, live update without reload."""
     page.wait_for_function("LV.app.state.charts.reward && LV.app.state.charts.kl")
-    page.wait_for_function("Object.keys(LV.app.state.metrics).length === 2")
+    page.wait_for_function("Object.keys(LV.app.state.metrics).length === 3")
+    assert "gamma-eval" in page.inner_text("#summaries") and "accuracy" in page.inner_text(
+        "#summaries"
+    )
     page.wait_for_function("LV.app.state.charts.reward.series.some(s => s.points.length === 12)")
     assert colour_count(page, "reward", "#2f6fde") > 100  # alpha
     assert colour_count(page, "reward", "#e0533d") > 100  # beta
@@ -108,7 +123,7 @@ def check_curves(page, runs_dir: Path, shots: Path) -> None:
     )
 
 
-def check_rollouts(page, shots: Path) -> None:
+def check_rollouts(page, runs_dir: Path, shots: Path) -> None:
     """Browse, open an episode turn by turn, then toggle the token view."""
     page.click("#tabs button[data-tab=rollouts]")
     page.wait_for_selector("#rollouts tbody tr")
@@ -116,6 +131,11 @@ def check_rollouts(page, shots: Path) -> None:
     assert page.input_value("#f-step") == "12"
     page.select_option("#f-step", "all")
     page.wait_for_function("document.querySelector('#page-info').textContent.includes('of 240')")
+    roll = runs_dir / "alpha" / "rollouts"
+    (roll / "step_000013.jsonl").write_bytes((roll / "step_000011.jsonl").read_bytes())
+    page.wait_for_function(  # the list follows the growing run without a reload
+        "document.querySelector('#page-info').textContent.includes('of 260')", timeout=10_000
+    )
     page.click("#rollouts tbody tr:nth-child(3)")
     page.wait_for_selector("#episode .ep-head")
     assert page.inner_text("#episode .call .name") == "calculator"
@@ -127,19 +147,23 @@ def check_rollouts(page, shots: Path) -> None:
     assert page.locator("#episode .tok.m0").count() > 20
     assert page.locator("#episode .tok.m1").count() > 20
     assert "tokenizer from" in page.inner_text("#episode .tokenizer-note")
-    trained = page.eval_on_selector_all("#episode .tok.m1", "els => els.map(e => e.textContent).join('')")
+    trained = page.eval_on_selector_all(
+        "#episode .tok.m1", "els => els.map(e => e.textContent).join('')"
+    )
     assert "The answer is" in trained and "What is" not in trained
     page.screenshot(path=str(shots / "tokens.png"), full_page=True)
 
 
 def check_compare(page, shots: Path) -> None:
     """Same task at two steps side by side."""
+    clicked = page.inner_text("#episode .ep-head .muted")  # "env · train step N · rollout #k"
     page.click("#episode .compare-btn")
     page.wait_for_selector("#side-a .ep-head")
     page.wait_for_selector("#side-b .ep-head")
     a = page.input_value("#side-a .c-step")
     b = page.input_value("#side-b .c-step")
-    assert int(a) < int(b) == 12
+    assert int(a) < int(b) == 13
     task = page.input_value("#c-task")
     assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == task
+    assert page.inner_text("#side-a .ep-head .muted") == clicked
     page.screenshot(path=str(shots / "compare.png"), full_page=True)

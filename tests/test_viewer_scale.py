@@ -54,7 +54,8 @@ def test_first_page_is_fast_and_index_completes(big_run):
     try:
         t0 = time.perf_counter()
         first = get(url + "api/rollouts?run=big&step=all&limit=50")
-        assert time.perf_counter() - t0 < 1.0
+        first_page_s = time.perf_counter() - t0
+        assert first_page_s < 1.0
         assert len(first["items"]) == 50 and first["items"][0]["task_id"] == "t00000"
         t0 = time.perf_counter()
         res = first
@@ -71,7 +72,9 @@ def test_first_page_is_fast_and_index_completes(big_run):
         assert task["total"] == N // TASKS
         last = get(url + f"api/episode?run=big&file=train:1&i={N - 1}")
         assert last["episode"]["task"]["id"] == f"t{(N - 1) % TASKS:05d}"
-        print(f"\n100k episodes, {size / 1e6:.0f} MB: full index {full_index_s:.2f} s")
+        print(
+            f"\n100k episodes, {size / 1e6:.0f} MB: first page {first_page_s:.3f} s, full index {full_index_s:.2f} s"
+        )
     finally:
         srv.close()
 

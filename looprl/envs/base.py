@@ -128,6 +128,14 @@ class Environment:
             task.prompt = [Message(role="system", content=self.system_prompt), *task.prompt]
         return task
 
+    def for_task(self, task: Task) -> Environment:
+        """The environment that runs `task` (itself; a mixture returns the task's sub-environment).
+
+        The rollout calls it once per episode and uses the result for tools, parser, limits,
+        hooks and rubric.
+        """
+        return self
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """Per-episode state; keys here fill hidden tool arguments. Override to add resources."""
         return {"task": task}

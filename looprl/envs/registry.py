@@ -12,6 +12,10 @@ from looprl.envs.base import Environment
 
 BUILTIN = {
     "calculator": "looprl.envs.calculator",
+    "search_qa": "looprl.envs.search_qa",
+    "wordle": "looprl.envs.wordle",
+    "reasoning_gym": "looprl.envs.reasoning_gym_env",
+    "mixture": "looprl.envs.mixture",
 }
 ENTRY_POINT_GROUP = "looprl.environments"
 

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 from array import array
@@ -65,10 +66,12 @@ class JsonlIndex:
         self._lines = 0  # complete lines read so far (valid or not)
         self._ino: int | None = None
 
-    @property
-    def bytes_indexed(self) -> int:
-        """How many bytes of the file have been read."""
-        return self._pos
+    def size(self) -> int:
+        """Current size of the file in bytes (0 when it does not exist yet)."""
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
 
     def refresh(self, budget_s: float | None = None) -> bool:
         """Index the lines added since the last call; True once the end of file is reached.
@@ -106,17 +109,24 @@ class JsonlIndex:
                 self._lines += 1
                 if line.strip():
                     self._take(offset, line)
-                if deadline is not None and self._lines % 128 == 0:
-                    if time.perf_counter() > deadline:
-                        return self._pos >= size
+                if (
+                    deadline is not None
+                    and self._lines % 128 == 0
+                    and time.perf_counter() > deadline
+                ):
+                    return self._pos >= size
 
     def _take(self, offset: int, line: bytes) -> None:
         try:
             self._add(offset, line)
-        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
             self.skipped += 1
             if len(self.skipped_lines) < MAX_NOTED_LINES:
                 self.skipped_lines.append(self._lines)
+            if self.skipped <= 3:
+                print(
+                    f"looprl view: skipped line {self._lines} of {self.path}: {e}", file=sys.stderr
+                )
 
     def _reset(self) -> None:
         self.skipped = 0

@@ -31,14 +31,17 @@ _STEP = re.compile(r"(\d+)")
 ERROR_FILTERS = ("all", "errors", "tool_errors", "truncated", "clean")
 
 
-def is_train_run(path: Path) -> bool:
-    """Whether `path` looks like a training run directory."""
-    return (path / "metrics.jsonl").is_file() or (path / "rollouts").is_dir()
+TRAIN_MARKERS = ("config.json", "metrics.jsonl", "rollouts")
+EVAL_MARKERS = ("results.jsonl", "metadata.json")
 
 
-def is_eval_dir(path: Path) -> bool:
-    """Whether `path` looks like an eval result directory from `looprl eval`."""
-    return (path / "results.jsonl").is_file()
+def run_kind(path: Path) -> str | None:
+    """`train` for a training run directory, `eval` for a `looprl eval` result directory, else None."""
+    if any((path / m).exists() for m in TRAIN_MARKERS):
+        return "train"
+    if any((path / m).exists() for m in EVAL_MARKERS):
+        return "eval"
+    return None
 
 
 def _step_of(name: str) -> int | None:
@@ -80,12 +83,16 @@ class Run:
     def __init__(self, run_id: str, path: Path) -> None:
         self.id = run_id
         self.path = path
-        self.kind = "eval" if is_eval_dir(path) and not is_train_run(path) else "train"
         self.metrics = MetricsFile(path / "metrics.jsonl")
         self.tasks = Interner()
         self.envs = Interner()
         self.files: dict[str, tuple[str, int | None, EpisodeFile]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def kind(self) -> str:
+        """`train` or `eval` (looked up each time: a run directory fills in while it starts)."""
+        return run_kind(self.path) or "train"
 
     @property
     def name(self) -> str:
@@ -103,9 +110,7 @@ class Run:
                 found += [("train", _step_of(p.stem), p) for p in roll.glob("*.jsonl")]
             ev = self.path / "eval"
             if ev.is_dir():
-                found += [
-                    ("eval", _step_of(p.parent.name), p) for p in ev.glob("*/results.jsonl")
-                ]
+                found += [("eval", _step_of(p.parent.name), p) for p in ev.glob("*/results.jsonl")]
         with self._lock:
             for source, step, p in found:
                 key = file_key(source, step)
@@ -139,6 +144,7 @@ class Run:
                     "source": source,
                     "step": step,
                     "episodes_indexed": len(f),
+                    "bytes": f.size(),
                     "skipped": f.skipped,
                     "partial": f.partial,
                 }
@@ -163,7 +169,7 @@ class Run:
             "metadata": read_json(self.path / "metadata.json"),
         }
 
-    def query(self, q: Query, budget_s: float = 0.4) -> dict[str, Any]:
+    def query(self, q: Query, budget_s: float = 0.25) -> dict[str, Any]:
         """One page of episode summaries matching `q`, plus the total and indexing progress."""
         if q.errors not in ERROR_FILTERS:
             raise ValueError(f"unknown errors filter {q.errors!r}; choose one of {ERROR_FILTERS}")
@@ -214,7 +220,10 @@ class Run:
         return np.nonzero(keep)[0]
 
     def _page(
-        self, matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]], offset: int, limit: int
+        self,
+        matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]],
+        offset: int,
+        limit: int,
     ) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         skip = max(0, offset)
@@ -296,11 +305,11 @@ class Catalog:
         """All runs, in command-line order then name order (new runs in folders are added)."""
         ordered: list[Path] = []
         for root in self.roots:
-            if is_train_run(root) or is_eval_dir(root) or (root / "config.json").is_file():
+            if run_kind(root) is not None:
                 ordered.append(root)
                 continue
             kids = sorted(c for c in root.iterdir() if c.is_dir())
-            ordered += [c for c in kids if is_train_run(c) or is_eval_dir(c)]
+            ordered += [c for c in kids if run_kind(c) is not None]
         with self._lock:
             for p in ordered:
                 if p not in self.runs:

@@ -58,7 +58,10 @@ def _render(ep: EpisodeResult, encode: Encode) -> tuple[str, Trajectory]:
     for m in ep.messages:
         head = f"<|im_start|>{m.role}\n"
         body = m.raw or m.content
-        pieces: list[tuple[str, bool]] = [(head, False), (body + "<|im_end|>", m.role == "assistant")]
+        pieces: list[tuple[str, bool]] = [
+            (head, False),
+            (body + "<|im_end|>", m.role == "assistant"),
+        ]
         pieces.append(("\n", False))
         for s, sampled in pieces:
             text += s

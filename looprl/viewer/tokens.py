@@ -14,7 +14,7 @@ _MODEL_KEYS = ("model", "model_name", "model_path", "name_or_path", "path", "nam
 class Decoder(Protocol):
     """What the viewer needs from a tokenizer."""
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], /) -> str:
         """Text of a list of token ids."""
         ...
 
@@ -82,13 +82,24 @@ class _FastDecoder:
         return str(self._tok.decode(ids, skip_special_tokens=False))
 
 
+class _HFDecoder:
+    """A transformers tokenizer (for directories without `tokenizer.json`, e.g. SentencePiece)."""
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`, special tokens included."""
+        return str(self._tok.decode(ids, skip_special_tokens=False))
+
+
 def _open_tokenizer(path: Path) -> Decoder:
     """`tokenizer.json` through `tokenizers` when present (0.1 s), else transformers (seconds)."""
     if (path / "tokenizer.json").is_file():
         return _FastDecoder(path / "tokenizer.json")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return _HFDecoder(path)
 
 
 def load_tokenizer(run_path: Path) -> tuple[Decoder | None, str]:

@@ -47,6 +47,7 @@ LV.app = (() => {
     for (const r of fresh) if (st.shown.size < 8) st.shown.add(r.id);
     if (fresh.length) { renderRunToggles(); st.dirty = true; }
     renderNotices(runs);
+    renderSummaries(runs);
     LV.rollouts.onRuns(runs);
     LV.compare.onRuns(runs);
   }
@@ -77,6 +78,19 @@ LV.app = (() => {
     $("notices").title = lines.join("\n");
   }
 
+  // Eval result directories have no curves: show their `summary` numbers as a table.
+  function renderSummaries(runs) {
+    const rows = runs.filter((r) => r.summary && typeof r.summary === "object");
+    const box = $("summaries");
+    box.hidden = !rows.length;
+    if (!rows.length) return;
+    const keys = [...new Set(rows.flatMap((r) => Object.keys(r.summary)))].sort();
+    const cell = (v) => (typeof v === "number" ? LV.charts.fmt(v) : JSON.stringify(v ?? "–"));
+    box.innerHTML = "";
+    box.append(LV.el("tr", {}, LV.el("th", {}, "eval"), keys.map((k) => LV.el("th", {}, k))));
+    for (const r of rows) box.append(LV.el("tr", {}, LV.el("td", {}, r.name), keys.map((k) => LV.el("td", {}, cell(r.summary[k])))));
+  }
+
   function groupOf(key) { return key.includes("/") ? key.split("/")[0] : key; }
 
   function groupRank(g) { const i = ORDER.indexOf(g); return i < 0 ? ORDER.length : i; }
@@ -94,6 +108,7 @@ LV.app = (() => {
           points.push([x, y]);
           if (std && row[std] !== undefined) band.push([x, y - row[std], y + row[std]]);
         }
+        if (!points.length) return; // this run does not log this metric
         const P = LV.charts.PALETTE, D = LV.charts.DASHES;
         out.push({ name: `${r.id}::${k}`, label: multi ? `${r.name} · ${k}` : k + (band.length ? " ± std" : ""),
           color: multi ? P[ri % P.length] : P[ki % P.length], dash: multi ? D[ki % D.length] : [], points, band });
@@ -125,7 +140,7 @@ LV.app = (() => {
       box.append(chart.el); // keeps the display order
       chart.setData(seriesFor(groups.get(g), runs, xaxis), xaxis, smoothing);
     }
-    $("charts-empty").hidden = names.length > 0;
+    $("charts-empty").hidden = names.length > 0 || st.runs.every((r) => r.kind === "eval");
   }
 
   function init() {

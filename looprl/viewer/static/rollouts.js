@@ -39,10 +39,15 @@ LV.rollouts = (() => {
     LV.fillSelect($("f-run"), list.map((r) => [r.id, r.name]), st.run);
     if (!st.run || !runById(st.run)) st.run = list.length ? list[0].id : null;
     $("f-run").value = st.run || "";
-    const before = $("f-step").options.length;
     fillSteps(first);
+    // Re-query when the files behind the current view grew (a run still training).
+    const step = $("f-step").value, source = $("f-source").value, run = runById(st.run);
+    const files = (run ? run.files : []).filter((f) => f.source === source && (step === "all" || String(f.step) === step));
+    const sig = `${st.run}|${source}|${step}|` + files.map((f) => `${f.key}:${f.bytes}`).join(",");
+    const changed = sig !== st.sig;
+    st.sig = sig;
     if (first && st.run) query();
-    else if ($("f-step").options.length !== before && $("f-step").value === "all" && $("tab-rollouts").classList.contains("active")) query();
+    else if (changed && $("tab-rollouts").classList.contains("active")) query();
   }
 
   function fillSteps(reset) {
@@ -113,7 +118,7 @@ LV.rollouts = (() => {
       LV.episode.render(pane, data, {
         tokens: st.tokens, raw: st.raw,
         onChange: (patch) => { Object.assign(st, patch); open(it); },
-        onCompare: () => LV.compare.open(st.run, it.file.split(":")[0], data.episode.task.id, data.step),
+        onCompare: () => LV.compare.open(st.run, it.file.split(":")[0], data.episode.task.id, data.step, it.rollout_index),
       });
     } catch (err) {
       pane.innerHTML = "";
@@ -154,13 +159,13 @@ LV.compare = (() => {
   }
 
   // Jump here from an episode: same run and task, this step on the left, the latest on the right.
-  function open(run, source, task, step) {
+  function open(run, source, task, step, rolloutIndex) {
     $("c-run").value = run; $("c-source").value = source; $("c-task").value = task;
     LV.app.showTab("compare");
-    load(step);
+    load(step, rolloutIndex);
   }
 
-  async function load(stepA) {
+  async function load(stepA, rolloutA) {
     const task = $("c-task").value.trim();
     if (!task) { $("c-status").textContent = "enter a task id"; return; }
     const gen = ++st.gen;
@@ -183,8 +188,11 @@ LV.compare = (() => {
     if (!st.byStep.has(left) || left === last) left = first;
     LV.fillSelect(a.querySelector(".c-step"), opts, left);
     LV.fillSelect(b.querySelector(".c-step"), opts, last);
-    for (const side of sides()) { fillRollouts(side); show(side); }
-    if (!res.complete) st.retry = setTimeout(() => load(stepA), 400);
+    for (const side of sides()) fillRollouts(side);
+    const pick = (st.byStep.get(a.querySelector(".c-step").value) || []).findIndex((it) => it.rollout_index === rolloutA);
+    if (pick >= 0) a.querySelector(".c-roll").value = String(pick);
+    sides().forEach(show);
+    if (!res.complete) st.retry = setTimeout(() => load(stepA, rolloutA), 400);
   }
 
   function fillRollouts(side) {

@@ -1,0 +1,136 @@
+"""Tier 3: the trainer on the tiny model: every preset takes a step, resume is exact, logprobs agree."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from looprl.algorithms.presets import PRESETS
+from looprl.trainer.config import load_config
+from looprl.trainer.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
+VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")
+
+
+def small_config(tmp_path: Path, name: str, **overrides):
+    base = {
+        "model.name": "tiny",
+        "env.name": LENGTH_ENV,
+        "env.kwargs": {},
+        "rollout.tasks_per_step": 2,
+        "rollout.rollouts_per_task": 2,
+        "trainer.steps": 2,
+        "trainer.eval_every": 0,
+        "trainer.eval_tasks": 2,
+        "trainer.save_every": 2,
+        "trainer.save_rollouts": 2,
+        "optim.lr": 1e-3,
+        "run.output_dir": str(tmp_path),
+        "run.name": name,
+        "run.tensorboard": False,
+    }
+    base.update(overrides)
+    return load_config(None, base)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def stable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not any(k.startswith(p) or k == p for p in VOLATILE)}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_two_steps_change_weights_for_every_preset(tmp_path, preset):
+    overrides = {"algorithm.preset": preset}
+    if preset == "dapo":
+        overrides["rollout.max_refill_rounds"] = 0
+    cfg = small_config(tmp_path, preset, **overrides)
+    trainer = Trainer(cfg)
+    trainer._setup()
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.resume = True  # _setup already ran; run() would redo it, so drive the loop directly
+    import asyncio
+
+    last = asyncio.run(trainer._loop())
+    trainer.logger.close()
+    changed = any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+    rows = read_metrics(trainer.run_dir)
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows if r.get("loss") is not None)
+    assert changed, "a training step left the weights unchanged"
+    assert any(r.get("adv_abs_mean", 0.0) > 0 for r in rows)
+    assert (trainer.run_dir / "final" / "config.json").exists()
+    assert "reward/mean" in last
+
+
+def test_trainer_logprobs_match_engine(tmp_path):
+    """Mismatch KL between sampler and trainer is ~0 when they share weights (CPU, fp32)."""
+    cfg = small_config(tmp_path, "mismatch", **{"trainer.steps": 1, "optim.lr": 1e-12})
+    trainer = Trainer(cfg)
+    trainer.run()
+    row = read_metrics(trainer.run_dir)[0]
+    assert row["mismatch_kl"] < 1e-6
+
+
+def test_resume_after_crash_reproduces_metrics(tmp_path, monkeypatch):
+    full = small_config(tmp_path, "full", **{"trainer.steps": 4, "trainer.save_every": 2})
+    Trainer(full).run()
+    expected = [stable(r) for r in read_metrics(tmp_path / "full")]
+
+    crash = small_config(tmp_path, "crash", **{"trainer.steps": 4, "trainer.save_every": 2})
+    original = Trainer._save_rollouts
+
+    def crash_at_step_3(self, step, groups):
+        original(self, step, groups)
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill after step 3 was logged but not checkpointed")
+
+    monkeypatch.setattr(Trainer, "_save_rollouts", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(crash).run()
+    monkeypatch.setattr(Trainer, "_save_rollouts", original)
+    Trainer(crash, resume=True).run()
+    got = [stable(r) for r in read_metrics(tmp_path / "crash")]
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert got == expected
+    assert any(r["grad_norm"] > 0 for r in got)  # real updates happened, so equality means something
+
+
+def test_kill_9_and_resume_from_cli(tmp_path):
+    args = [
+        sys.executable, "-m", "looprl.cli", "train", "--run-dir", str(tmp_path / "run"),
+        "--model.name", "tiny", "--env.name", LENGTH_ENV,
+        "--rollout.tasks_per_step", "2", "--rollout.rollouts_per_task", "2", "--trainer.steps", "6",
+        "--trainer.save_every", "2", "--trainer.eval_every", "0", "--trainer.eval_tasks", "2",
+        "--run.tensorboard", "false",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002" / "COMPLETE"
+    deadline = time.time() + 240
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists()
+    done = subprocess.run([*args, "--resume"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    resumed = [stable(r) for r in read_metrics(tmp_path / "run")]
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    straight = subprocess.run([a if a != str(tmp_path / "run") else str(tmp_path / "straight") for a in args],
+                              capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert straight.returncode == 0
+    assert resumed == [stable(r) for r in read_metrics(tmp_path / "straight")]
