@@ -257,15 +257,16 @@ def run_sft_command(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _view_parser(sub: Any) -> None:
     p = sub.add_parser("view", help="open the local web viewer on runs or eval results")
-    p.add_argument("paths", nargs="+")
+    p.add_argument("paths", nargs="+", help="run directories, folders of runs, or eval result directories")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--open", action="store_true", help="open a browser tab")
 
     def run(args: argparse.Namespace) -> int:
-        from looprl.viewer import serve
+        from looprl.viewer import main_args
 
-        serve([Path(p) for p in args.paths], host=args.host, port=args.port)
-        return 0
+        argv = [*args.paths, "--port", str(args.port), "--host", args.host] + (["--open"] if args.open else [])
+        return main_args(argv)
 
     p.set_defaults(func=run)
 

@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 
 EVAL_BUCKETS = 5  # one entity in five is held out for evaluation
 
-_ONSETS = "b d f g k l m n p r s t v z br dr kr st th vh".split()
-_VOWELS = "a e i o u ae ei ou".split()
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "vh"]  # fmt: skip
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "rk", "nd", "sk"]
-_PROFESSIONS = (
-    "cartographer composer botanist engineer astronomer sculptor physician linguist architect "
-    "chemist poet navigator"
-).split()
-_ORG_KINDS = "Institute Guild Society Company Observatory Academy Foundation Orchestra".split()
-_REGIONS = "northern southern eastern western central coastal".split()
+_PROFESSIONS = ["cartographer", "composer", "botanist", "engineer", "astronomer", "sculptor", "physician", "linguist", "architect", "chemist", "poet", "navigator"]  # fmt: skip
+_ORG_KINDS = ["Institute", "Guild", "Society", "Company", "Observatory", "Academy", "Foundation", "Orchestra"]  # fmt: skip
+_REGIONS = ["northern", "southern", "eastern", "western", "central", "coastal"]
 _WORKS = [
     "a survey of the salt marshes",
     "the Lantern Cycle of songs",

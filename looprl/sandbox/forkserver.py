@@ -182,6 +182,8 @@ class ForkServerExecutor(Executor):
 
     async def start(self) -> None:
         """Start the workers, probe the isolation from inside a sandbox and log the report."""
+        if self._started:
+            return
         async with self._start_lock:
             if self._started:
                 return
