@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: setup demo test lint clean
 
 $(STAMP): pyproject.toml
+	@# headless Chromium for the viewer's browser tests (Debian package; never a downloaded browser)
+	test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium; browser tests will be skipped")
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
