@@ -272,16 +272,23 @@ def _view_parser(sub: Any) -> None:
 
 
 def _init_parser(sub: Any) -> None:
-    p = sub.add_parser("init", help="scaffold an environment package")
-    p.add_argument("name")
-    p.set_defaults(func=_not_ready("init"))
+    p = sub.add_parser("init", help="scaffold an environment package (module, pyproject, README, test)")
+    p.add_argument("name", help="package name, e.g. my_env")
+    p.add_argument("--dest", default=".", help="parent directory (default: here)")
 
-
-def _not_ready(name: str):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
-        raise SystemExit(f"looprl {name} is not available in this version")
+        from looprl.scaffold import scaffold
 
-    return run
+        try:
+            path = scaffold(args.name, Path(args.dest))
+        except (ValueError, FileExistsError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        module = next(iter(sorted(path.glob("*.py"))), path)
+        console.print(f"created {path}\ntry: looprl eval {module} --model tiny -n 4 -r 2   (or pip install -e {path})")
+        return 0
+
+    p.set_defaults(func=run)
 
 
 if __name__ == "__main__":

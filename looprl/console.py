@@ -42,6 +42,10 @@ def summary_table(summary: dict[str, Any], title: str = "Evaluation") -> Table:
         table.add_row(f"  {name}", _fmt(value))
     for name, value in summary["pass_at_k"].items():
         table.add_row(name, _fmt(value))
+    for env_name, row in summary.get("per_env", {}).items():
+        table.add_row(f"[{env_name}] reward", f"{_fmt(row.get('reward', float('nan')))} ({row['episodes']} episodes)")
+        for name, value in row.get("rewards", {}).items():
+            table.add_row(f"[{env_name}]   {name}", _fmt(value))
     table.add_row("turns / episode", _fmt(summary["turns_mean"]))
     table.add_row("tool calls / episode", _fmt(summary["tool_calls_mean"]))
     errors = summary["tool_errors"]

@@ -66,6 +66,10 @@ def summarize(
     out["scoring_errors"] = sum(ep.scoring_error for ep in episodes)
     out["error_messages"] = _top_errors(episodes)
     out["template_breaks"] = sum(int(ep.metrics.get("template_breaks", 0)) for ep in episodes)
+    if len({ep.task.env for ep in episodes}) > 1:
+        from looprl.envs.mixture import per_env_summary
+
+        out["per_env"] = per_env_summary(episodes)
     tokens = sum(ep.num_generated_tokens for ep in episodes)
     out["generated_tokens"] = tokens
     out["generated_tokens_mean"] = tokens / len(episodes) if episodes else 0.0

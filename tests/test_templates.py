@@ -182,3 +182,16 @@ def test_template_support_detection() -> None:
     assert not template_supports_tools(tok)
     tok.chat_template = {"default": "x", "tool_use": "{{ tools }}"}
     assert template_supports_tools(tok)
+
+
+def test_same_text_under_other_jinja_settings() -> None:
+    """Plain Jinja (no trim_blocks / lstrip_blocks), as other servers may use, renders identically."""
+    import jinja2
+
+    env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    template = env.from_string(CHATML_TOOLS_TEMPLATE)
+    for conversation in CONVERSATIONS:
+        for tools in (None, [CALC]):
+            plain = template.render(messages=conversation, tools=tools, add_generation_prompt=True)
+            assert plain == render(conversation, tools, gen=True)

@@ -65,15 +65,19 @@ def _next_size(need: int, current: int, minimum: int, limit: int) -> int:
 
 def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """RMSNorm exactly as HF Llama/Qwen compute it (in float32, weight applied in the input dtype)."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)  # one fused kernel
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) over the last dimension (the HF RoPE convention)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin`, with rotate_half's sign folded into `signed_sin`.
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * [-1.., +1..], and HF's sin is cat(s, s).
+    """
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def _linear(x: torch.Tensor, proj: nn.Module) -> torch.Tensor:

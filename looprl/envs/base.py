@@ -101,13 +101,21 @@ class Environment:
         return [self._prepare(t) for t in tasks]
 
     def iter_train_tasks(self, seed: int, start: int = 0) -> Iterator[Task]:
-        """An endless, seeded stream of training tasks starting at cursor `start` (for resume)."""
-        epoch_size = 1000
+        """An endless, seeded stream of training tasks starting at cursor `start` (for resume).
+
+        Generators are asked for epochs of 1000 tasks (seeded by epoch); a task list is
+        reshuffled each epoch. The same (seed, cursor) always yields the same task.
+        """
+        epoch_size = len(self.train_tasks) if isinstance(self.train_tasks, list) else 1000
+        if epoch_size == 0:
+            raise ValueError(f"environment {self.name!r} has an empty train task list")
         i = start
+        cached: tuple[int, list[Task]] | None = None
         while True:
             epoch, offset = divmod(i, epoch_size)
-            tasks = self._epoch(seed, epoch, epoch_size)
-            yield tasks[offset % len(tasks)]
+            if cached is None or cached[0] != epoch:
+                cached = (epoch, self._epoch(seed, epoch, epoch_size))
+            yield cached[1][offset]
             i += 1
 
     def _epoch(self, seed: int, epoch: int, size: int) -> list[Task]:
@@ -119,6 +127,8 @@ class Environment:
         else:
             tasks = list(source)
             random.Random(seed * 100_003 + epoch).shuffle(tasks)
+        if len(tasks) < size:
+            raise ValueError(f"environment {self.name!r} generated {len(tasks)} tasks, {size} were asked for")
         return [self._prepare(t) for t in tasks]
 
     def _prepare(self, task: Task) -> Task:

@@ -110,9 +110,13 @@ class SandboxLimits:
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_open_files < 16:
-            raise ValueError(f"SandboxLimits.max_open_files must be >= 16, got {self.max_open_files}")
+            raise ValueError(
+                f"SandboxLimits.max_open_files must be >= 16, got {self.max_open_files}"
+            )
         if self.max_output_bytes < 1024:
-            raise ValueError(f"SandboxLimits.max_output_bytes must be >= 1024, got {self.max_output_bytes}")
+            raise ValueError(
+                f"SandboxLimits.max_output_bytes must be >= 1024, got {self.max_output_bytes}"
+            )
 
     def cpu_seconds(self, timeout: float) -> int:
         """The per-call CPU-time limit that goes with a wall-clock timeout (one second of slack)."""
@@ -147,7 +151,10 @@ class IsolationReport:
         lines = [f"sandbox backend={self.backend} isolation={self.level}"]
         lines += [f"  {k}: {v}" for k, v in self.features.items()]
         if self.verified:
-            lines.append("  verified inside a sandbox: " + ", ".join(f"{k}={v}" for k, v in self.verified.items()))
+            lines.append(
+                "  verified inside a sandbox: "
+                + ", ".join(f"{k}={v}" for k, v in self.verified.items())
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.sandbox import proto
-from looprl.sandbox.base import ExecResult, Executor, IsolationReport, SandboxLimits
+from looprl.sandbox.base import ExecResult, Executor, IsolationLevel, IsolationReport, SandboxLimits
 from looprl.sandbox.isolation import child_env, kernel_probe
 
 logger = logging.getLogger("looprl.sandbox")
@@ -91,6 +91,7 @@ class _Worker:
         self.proc: asyncio.subprocess.Process | None = None
         self.busy = False
         self.waiters = 0
+        self.last_used = 0.0
         self.generation = 0
         self.features: dict[str, Any] = {}
 
@@ -107,14 +108,18 @@ class _Worker:
 
     async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send one frame and wait for the answer; ConnectionError if the worker is gone."""
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        assert (
+            self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        )
         try:
             self.proc.stdin.write(proto.encode(msg))
             await self.proc.stdin.drain()
             head = await self.proc.stdout.readexactly(proto.HEADER.size)
             body = await self.proc.stdout.readexactly(proto.HEADER.unpack(head)[0])
         except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError) as exc:
-            raise ConnectionError(f"sandbox worker {self.index} exited (code {self.proc.returncode})") from exc
+            raise ConnectionError(
+                f"sandbox worker {self.index} exited (code {self.proc.returncode})"
+            ) from exc
         return dict(proto.decode_body(body))
 
     async def stop(self) -> None:
@@ -144,6 +149,7 @@ class ForkServerExecutor(Executor):
         session_idle_seconds: Sessions unused this long are closed.
         python: Interpreter for the workers (default: this one).
         namespaces: Let workers create mount/network/PID namespaces (off only for debugging).
+        warmup: Run common numpy/sympy calls once per worker so children start with warm caches.
     """
 
     name = "forkserver"
@@ -158,16 +164,20 @@ class ForkServerExecutor(Executor):
         session_idle_seconds: float = 900.0,
         python: str | None = None,
         namespaces: bool = True,
+        warmup: bool = True,
     ) -> None:
         super().__init__(limits)
         if sys.platform != "linux":
-            raise RuntimeError("ForkServerExecutor needs Linux; use SubprocessExecutor or HttpExecutor here")
+            raise RuntimeError(
+                "ForkServerExecutor needs Linux; use SubprocessExecutor or HttpExecutor here"
+            )
         self.n_workers = workers or min(16, max(2, 2 * (os.cpu_count() or 1)))
         self.preload = tuple(preload)
         self.max_sessions = max_sessions
         self.session_idle_seconds = session_idle_seconds
         self.python = python or sys.executable
         self.namespaces = namespaces
+        self.warmup = warmup
         self._uid_base = (1 << 20) + secrets.randbelow(30000) * _UID_SPAN
         self._uid_next = self.n_workers
         self._workers = [_Worker(i, self._uid_base + i) for i in range(self.n_workers)]
@@ -200,8 +210,12 @@ class ForkServerExecutor(Executor):
 
     async def _start_worker(self, w: _Worker) -> None:
         env = child_env("/")
-        config = {"op": "config", "limits": self.limits.to_dict(), "scratch_root": self._scratch_root}
-        config.update(preload=list(self.preload), namespaces=self.namespaces)
+        config: dict[str, Any] = {
+            "op": "config",
+            "limits": self.limits.to_dict(),
+            "scratch_root": self._scratch_root,
+        }
+        config.update(preload=list(self.preload), warmup=self.warmup, namespaces=self.namespaces)
         await w.start(self.python, config, env)
 
     def _build_report(self, probe: ExecResult) -> IsolationReport:
@@ -211,16 +225,41 @@ class ForkServerExecutor(Executor):
         try:
             verified = json.loads(probe.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            notes.append(f"the in-sandbox probe failed ({probe.status}: {probe.message}) {probe.stderr[-500:]}")
-        blocked = [k for k in ("inet_socket", "list_root_dir", "write_tmp", "exec", "signal_worker", "ptrace") if str(verified.get(k, "")).startswith("blocked")]
-        strong = len(blocked) == 6 and isinstance(features.get("uid_drop"), str) and features["uid_drop"].startswith("unique")
+            notes.append(
+                f"the in-sandbox probe failed ({probe.status}: {probe.message}) {probe.stderr[-500:]}"
+            )
+        blocked = [
+            k
+            for k in (
+                "inet_socket",
+                "list_root_dir",
+                "write_tmp",
+                "exec",
+                "signal_worker",
+                "ptrace",
+            )
+            if str(verified.get(k, "")).startswith("blocked")
+        ]
+        strong = (
+            len(blocked) == 6
+            and isinstance(features.get("uid_drop"), str)
+            and features["uid_drop"].startswith("unique")
+        )
         if not features.get("root"):
-            notes.append("the worker is not root: sandboxes run as the trainer's uid (Landlock and seccomp still apply)")
+            notes.append(
+                "the worker is not root: sandboxes run as the trainer's uid (Landlock and seccomp still apply)"
+            )
         if "pid" not in str(features.get("namespaces")):
-            notes.append("no PID namespace: processes that escape are found through the subreaper and /proc")
+            notes.append(
+                "no PID namespace: processes that escape are found through the subreaper and /proc"
+            )
         if features.get("landlock", "").startswith("unavailable"):
-            notes.append("no Landlock: files are protected only by uid, permissions and read-only mounts")
-        level = "strong" if strong else ("partial" if "inet_socket" in blocked else "weak")
+            notes.append(
+                "no Landlock: files are protected only by uid, permissions and read-only mounts"
+            )
+        level: IsolationLevel = (
+            "strong" if strong else ("partial" if "inet_socket" in blocked else "weak")
+        )
         return IsolationReport(self.name, level, features, verified, notes)
 
     def isolation_report(self) -> IsolationReport:
@@ -247,7 +286,7 @@ class ForkServerExecutor(Executor):
                 else:
                     free = [w for w in self._workers if not w.busy]
                     if free:
-                        w = min(free, key=lambda x: x.waiters)
+                        w = min(free, key=lambda x: (x.waiters, x.last_used))
                         break
                 try:
                     await self._cond.wait()
@@ -255,6 +294,7 @@ class ForkServerExecutor(Executor):
                     if index is not None:
                         self._workers[index].waiters -= 1
             w.busy = True
+            w.last_used = time.monotonic()
             return w
 
     async def _release(self, w: _Worker) -> None:
@@ -268,22 +308,34 @@ class ForkServerExecutor(Executor):
         sess = self._sessions.get(session_id)
         if sess is None:
             await self._evict()
-            counts = [sum(s.worker == w.index for s in self._sessions.values()) for w in self._workers]
+            counts = [
+                sum(s.worker == w.index for s in self._sessions.values()) for w in self._workers
+            ]
             index = counts.index(min(counts))
-            sess = _Session(index, self._allocate_uid(), self._workers[index].generation, time.monotonic())
+            sess = _Session(
+                index, self._allocate_uid(), self._workers[index].generation, time.monotonic()
+            )
             self._sessions[session_id] = sess
         return sess, note
 
     async def _evict(self) -> None:
         now = time.monotonic()
-        idle = [sid for sid, s in self._sessions.items() if now - s.last_used > self.session_idle_seconds]
+        idle = [
+            sid
+            for sid, s in self._sessions.items()
+            if now - s.last_used > self.session_idle_seconds
+        ]
         for sid in idle:
             await self.close_session(sid)
-            self._evicted[sid] = f"the session was closed after {self.session_idle_seconds:g} s idle"
+            self._evicted[sid] = (
+                f"the session was closed after {self.session_idle_seconds:g} s idle"
+            )
         while len(self._sessions) >= self.max_sessions:
             sid = min(self._sessions, key=lambda k: self._sessions[k].last_used)
             await self.close_session(sid)
-            self._evicted[sid] = f"the session was closed (more than {self.max_sessions} open sessions)"
+            self._evicted[sid] = (
+                f"the session was closed (more than {self.max_sessions} open sessions)"
+            )
         while len(self._evicted) > 4 * self.max_sessions:
             self._evicted.pop(next(iter(self._evicted)))
 
@@ -308,10 +360,13 @@ class ForkServerExecutor(Executor):
             msg = {"op": "session", "sid": session_id, "uid": sess.uid, "code": code, "timeout": t}
         try:
             reply = await asyncio.wait_for(w.call(msg), t + _GRACE)
-        except (ConnectionError, asyncio.TimeoutError, proto.ProtocolError) as exc:
+        except (TimeoutError, ConnectionError, proto.ProtocolError) as exc:
             await self._restart(w)
             reason = str(exc) or "the worker did not answer in time"
-            return ExecResult("sandbox_error", message=f"sandbox infrastructure failure ({reason}); not the code's fault, retry")
+            return ExecResult(
+                "sandbox_error",
+                message=f"sandbox infrastructure failure ({reason}); not the code's fault, retry",
+            )
         finally:
             await self._release(w)
         result = ExecResult.from_dict(reply)
@@ -320,7 +375,9 @@ class ForkServerExecutor(Executor):
                 self._sessions[session_id].last_used = time.monotonic()
             if note:
                 result.session_reset = True
-                result.message = (f"Note: {note}; earlier variables are gone. " + result.message).strip()
+                result.message = (
+                    f"Note: {note}; earlier variables are gone. " + result.message
+                ).strip()
         return result
 
     async def _restart(self, w: _Worker) -> None:
@@ -344,7 +401,7 @@ class ForkServerExecutor(Executor):
         try:
             if w.generation == sess.generation:
                 await asyncio.wait_for(w.call({"op": "close", "sid": session_id}), _GRACE)
-        except (ConnectionError, asyncio.TimeoutError, proto.ProtocolError):
+        except (TimeoutError, ConnectionError, proto.ProtocolError):
             await self._restart(w)
         finally:
             await self._release(w)

@@ -99,7 +99,9 @@ class Ruleset:
             NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
             SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0,
         )
-        fd = _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
+        fd = _syscall(
+            _SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
+        )
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, f"landlock_create_ruleset failed: {os.strerror(err)}")

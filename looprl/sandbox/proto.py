@@ -80,7 +80,9 @@ class FrameBuffer:
         while len(self._buf) >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buf)
             if size > self.max_frame:
-                raise ProtocolError(f"frame of {size} bytes exceeds the {self.max_frame}-byte limit")
+                raise ProtocolError(
+                    f"frame of {size} bytes exceeds the {self.max_frame}-byte limit"
+                )
             if len(self._buf) < HEADER.size + size:
                 break
             body = bytes(self._buf[HEADER.size : HEADER.size + size])

@@ -100,12 +100,16 @@ def _compile(code: str, filename: str) -> tuple[Any, Any]:
     """Compile a cell into (statements, trailing expression or None)."""
     tree = ast.parse(code, filename, "exec")
     expr = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        expr = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+        expr = compile(ast.Expression(last.value), filename, "eval")
     return compile(tree, filename, "exec"), expr
 
 
-def run_cell(code: str, namespace: dict[str, Any], cell_no: int, limits: dict[str, Any]) -> dict[str, Any]:
+def run_cell(
+    code: str, namespace: dict[str, Any], cell_no: int, limits: dict[str, Any]
+) -> dict[str, Any]:
     """Run one cell in `namespace`; return {"status", "value", "message"} for the supervisor."""
     filename = f"<cell {cell_no}>"
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -118,7 +122,11 @@ def run_cell(code: str, namespace: dict[str, Any], cell_no: int, limits: dict[st
             if result is not None:
                 text = repr(result)
                 cap = int(limits["max_value_chars"])
-                value = text if len(text) <= cap else text[:cap] + f"... [{len(text) - cap} more characters]"
+                value = (
+                    text
+                    if len(text) <= cap
+                    else text[:cap] + f"... [{len(text) - cap} more characters]"
+                )
         return {"status": "ok", "value": value, "message": ""}
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -126,7 +134,11 @@ def run_cell(code: str, namespace: dict[str, Any], cell_no: int, limits: dict[st
         return _failure("error", f"SystemExit: {exc.code}", exc)
     except OutputLimitExceeded:
         cap = limits["max_output_bytes"]
-        return {"status": "output_limit", "value": None, "message": f"output passed the {cap}-byte limit"}
+        return {
+            "status": "output_limit",
+            "value": None,
+            "message": f"output passed the {cap}-byte limit",
+        }
     except MemoryError as exc:
         msg = f"MemoryError: the code needed more than the {limits['memory_mb']} MB memory limit"
         return _failure("memory", msg, exc)
@@ -137,7 +149,9 @@ def run_cell(code: str, namespace: dict[str, Any], cell_no: int, limits: dict[st
         return _failure("error", f"{type(exc).__name__}: {exc}", exc)
 
 
-def _failure(status: str, message: str, exc: BaseException, text: str | None = None) -> dict[str, Any]:
+def _failure(
+    status: str, message: str, exc: BaseException, text: str | None = None
+) -> dict[str, Any]:
     """Write the traceback to stderr (within the cap) and build the result."""
     try:
         sys.stderr.write(text if text is not None else _user_traceback(exc))
@@ -151,10 +165,14 @@ def _failure(status: str, message: str, exc: BaseException, text: str | None = N
 def _install_streams(limits: dict[str, Any]) -> None:
     """Fresh stdio objects on descriptors 0-2 with the shared output budget."""
     budget = _Budget(int(limits["max_output_bytes"]))
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = CappedStream(1, budget)
-    sys.stderr = CappedStream(2, budget, buffer_size=0)
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    streams = {
+        "stdin": io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
+        "stdout": CappedStream(1, budget),
+        "stderr": CappedStream(2, budget, buffer_size=0),
+    }
+    for name, stream in streams.items():
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
@@ -162,7 +180,10 @@ def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
         try:
             stream.flush()
         except OutputLimitExceeded:
-            result.update(status="output_limit", message=f"output passed the {limits['max_output_bytes']}-byte limit")
+            result.update(
+                status="output_limit",
+                message=f"output passed the {limits['max_output_bytes']}-byte limit",
+            )
         except OSError:
             pass
 
@@ -176,7 +197,9 @@ def _reap() -> None:
         pass
 
 
-def serve(limits: dict[str, Any], persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD) -> None:
+def serve(
+    limits: dict[str, Any], persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD
+) -> None:
     """Answer cell requests from `ctl_fd` until end of file (one request when not persistent).
 
     Each request is a frame {"code", "cpu_seconds"}; each answer a frame on `res_fd`. A stateless
@@ -194,6 +217,7 @@ def serve(limits: dict[str, Any], persistent: bool, res_fd: int = RESULT_FD, ctl
             used = resource.getrusage(resource.RUSAGE_SELF)
             cpu += int(used.ru_utime + used.ru_stime)
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        _reap()
         _install_streams(limits)
         result = run_cell(request["code"], namespace, cell_no, limits)
         _flush_streams(result, limits)

@@ -9,6 +9,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
@@ -43,10 +44,8 @@ class Child:
         """Close every descriptor held for the child."""
         for fd in (self.pidfd, self.ctl, self.res, self.out, self.err):
             if fd is not None and fd >= 0:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self.pidfd = self.ctl = self.res = self.out = self.err = -1
 
 
@@ -175,7 +174,10 @@ def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= cpu_limit - 0.5):
             return "timeout", f"the code used its {cpu_limit} s CPU-time limit and was stopped"
         if sig == signal.SIGSEGV:
-            return "killed", "the Python process crashed (SIGSEGV), e.g. recursion too deep or a bad ctypes call"
+            return (
+                "killed",
+                "the Python process crashed (SIGSEGV), e.g. recursion too deep or a bad ctypes call",
+            )
         if sig == signal.SIGSYS:
             return "killed", "the code used a forbidden system call and was killed (SIGSYS)"
         return "killed", f"the process was killed by {name}"
@@ -185,9 +187,13 @@ def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
     return "error", f"the process exited with code {code} before the cell finished (os._exit?)"
 
 
-def supervise(child: Child, code: str, timeout: float, limits: dict[str, Any]) -> dict[str, Any]:
+def supervise(
+    child: Child, code: str, timeout: float, limits: dict[str, Any], grace: float = 0.0
+) -> dict[str, Any]:
     """Run one cell in `child` and return the result fields as a dict (see `ExecResult`).
 
+    `grace` extends the deadline without changing the reported limit (for an interpreter that
+    is still starting).
     Marks `child.alive = False` when the child died or had to be killed; the caller sweeps any
     processes the code left behind.
     """
@@ -195,7 +201,11 @@ def supervise(child: Child, code: str, timeout: float, limits: dict[str, Any]) -
     cap = int(limits["max_output_bytes"])
     call = _Call(cap + _HARD_CAP_SLACK)
     cpu_limit = math.ceil(timeout) + 1
-    outcome = "exited" if not _send(child, code, cpu_limit) else _wait(child, call, start + timeout)
+    outcome = (
+        "exited"
+        if not _send(child, code, cpu_limit)
+        else _wait(child, call, start + timeout + grace)
+    )
     status, message = "ok", ""
     if outcome == "result":
         assert call.result is not None
@@ -210,7 +220,10 @@ def supervise(child: Child, code: str, timeout: float, limits: dict[str, Any]) -
         child.alive = False
         _kill(child.pid)
         status, message = {
-            "timeout": ("timeout", f"the code ran longer than the {timeout:g} s time limit and was stopped"),
+            "timeout": (
+                "timeout",
+                f"the code ran longer than the {timeout:g} s time limit and was stopped",
+            ),
             "output": ("output_limit", f"output passed the {cap}-byte limit; the run was stopped"),
             "protocol": ("error", "the code tampered with the sandbox's result channel"),
         }[outcome]
@@ -229,10 +242,8 @@ def supervise(child: Child, code: str, timeout: float, limits: dict[str, Any]) -
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def wait_gone(alive: Callable[[], bool], reap: Callable[[], None], limit: float = 2.0) -> bool:

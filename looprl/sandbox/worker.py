@@ -4,8 +4,9 @@ Started by `ForkServerExecutor` as `python -I -c <bootstrap>`; it talks to the p
 frames on stdin/stdout (see `proto`). After entering its namespaces and importing the preload
 list (numpy, sympy), it keeps one *spare* child forked and hardened in advance, so a call costs
 a pipe round trip instead of a fork. Each stateless call uses the spare once, then the worker
-kills every process of that call's uid, unmounts its scratch tmpfs and forks the next spare
-(after replying, so the pool does not wait for it). A session is a child that serves many cells.
+kills every process of that call's uid, deletes its scratch directory (inside the worker's own
+size-limited tmpfs) and forks the next spare, after replying so that the pool does not wait for
+it. A session is a child that serves many cells, with a tmpfs of its own.
 
 Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "code", "timeout"};
 {"op": "close", "sid"}; {"op": "shutdown"}. Each is answered by one frame.
@@ -13,6 +14,7 @@ Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "co
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import os
@@ -35,6 +37,9 @@ class Worker:
         self.scratch_root: str = config["scratch_root"]
         self.features = features
         self.tmpfs = features.get("scratch_tmpfs") is True
+        self.slot = os.path.join(self.scratch_root, "w")  # stateless calls' scratch dirs live here
+        isolation.make_scratch(self.slot, None, int(config["limits"]["disk_mb"]), self.tmpfs)
+        os.chmod(self.slot, 0o711)
         probe = isolation.kernel_probe()
         filt = seccomp.build_filter()
         self.policy: dict[str, Any] = {
@@ -63,8 +68,12 @@ class Worker:
     def spawn(self, uid: int | None, persistent: bool) -> Child:
         """Fork a hardened child waiting for its first cell (a session when `persistent`)."""
         self.counter += 1
-        scratch = os.path.join(self.scratch_root, f"{'s' if persistent else 'c'}{self.counter}")
-        isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
+        if persistent:
+            scratch = os.path.join(self.scratch_root, f"s{self.counter}")
+            isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
+        else:
+            scratch = os.path.join(self.slot, f"c{self.counter}")
+            isolation.make_scratch(scratch, uid, 0, tmpfs=False)
         self.policy["baseline_vm"] = self._baseline_vm()
         ctl_r, ctl_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -72,7 +81,13 @@ class Worker:
         err_r, err_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            _child_main([os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r], self, scratch, uid, persistent)
+            _child_main(
+                [os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r],
+                self,
+                scratch,
+                uid,
+                persistent,
+            )
         for fd in (ctl_r, res_w, out_w, err_w):
             os.close(fd)
         for fd in (res_r, out_r, err_r):
@@ -82,20 +97,23 @@ class Worker:
 
     def sweep(self, child: Child, keep_self: bool) -> None:
         """Kill everything the child's code started (and the child unless `keep_self`), then reap."""
-        if child.uid is not None and not keep_self:
-            _kill_uid(child.uid)
-            wait_gone(lambda: _uid_alive(child.uid), _reap)
+        uid = child.uid
+        if uid is not None and not keep_self:
+            _kill_uid(uid)
+            wait_gone(lambda: _uid_alive(uid), _reap)
             return
         victims = _descendants(child.pid) | self._strays()
         if not keep_self:
             victims.add(child.pid)
         for pid in victims:
             _kill(pid)
-        _reap()
+        wait_gone(lambda: any(_running(pid) for pid in victims), _reap)
 
     def _strays(self) -> set[int]:
         """Processes parented to this worker (escaped orphans) that are not spares or sessions."""
-        known = {s.pid for s in self.sessions.values()} | ({self.spare.pid} if self.spare else set())
+        known = {s.pid for s in self.sessions.values()} | (
+            {self.spare.pid} if self.spare else set()
+        )
         strays = set()
         for pid in _children(os.getpid()):
             if pid not in known:
@@ -106,7 +124,7 @@ class Worker:
         """Kill a child and everything it started, close its pipes and remove its scratch."""
         self.sweep(child, keep_self=False)
         child.close()
-        isolation.remove_scratch(child.scratch, self.tmpfs)
+        isolation.remove_scratch(child.scratch, self.tmpfs and child.persistent)
 
     def exec_stateless(self, req: dict[str, Any]) -> dict[str, Any]:
         """Run one cell in the spare child."""
@@ -169,7 +187,9 @@ class Worker:
         raise ValueError(f"unknown worker op {op!r}")
 
 
-def _child_main(fds: list[int], worker: Worker, scratch: str, uid: int | None, persistent: bool) -> None:
+def _child_main(
+    fds: list[int], worker: Worker, scratch: str, uid: int | None, persistent: bool
+) -> None:
     """Body of a forked child: move pipes to fds 0-4, harden, serve cells; always os._exit."""
     code = 70
     try:
@@ -182,17 +202,17 @@ def _child_main(fds: list[int], worker: Worker, scratch: str, uid: int | None, p
         runner.serve(worker.limits, persistent)
     except BaseException as exc:  # noqa: BLE001 - report any setup failure through stderr
         try:
-            os.write(2, f"sandbox setup failed (stage {code}): {type(exc).__name__}: {exc}\n".encode())
+            os.write(
+                2, f"sandbox setup failed (stage {code}): {type(exc).__name__}: {exc}\n".encode()
+            )
         finally:
             os._exit(code)
     os._exit(0)
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill_uid(uid: int) -> None:
@@ -207,15 +227,27 @@ def _kill_uid(uid: int) -> None:
 
 
 def _uid_alive(uid: int) -> bool:
-    """True while some process (a zombie included) still has real uid `uid`."""
-    os.setresuid(uid, uid, 0)
+    """True while some process (a zombie included) still has real uid `uid` (read from /proc)."""
+    prefix = b"Uid:\t%d\t" % uid
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    if any(line.startswith(prefix) for line in f):
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def _running(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
     try:
-        os.kill(-1, 0)
-        return True
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
         return False
-    finally:
-        os.setresuid(0, 0, 0)
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
 
 
 def _reap() -> None:
@@ -271,23 +303,62 @@ def _owner(name: str) -> int:
         return -1
 
 
+WARMUP = {
+    "numpy": (
+        "import numpy as np\n"
+        "np.linalg.det(np.eye(3)); np.linalg.solve(np.eye(2), np.ones(2)); np.linalg.eig(np.eye(2))\n"
+        "np.random.default_rng(0).random(3); str(np.arange(3)); repr(np.float64(1.0))\n"
+        "np.fft.fft(np.ones(4)); np.polyfit([0, 1, 2], [0, 1, 2], 1)\n"
+    ),
+    "sympy": (
+        "import sympy as sp\n"
+        "x = sp.Symbol('x')\n"
+        "sp.factor(x**2 - 1); sp.expand((x + 1)**3); sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
+        "sp.solve(x**2 - 4, x); sp.solveset(x**2 - 1, x); sp.Rational(1, 3) + sp.Rational(1, 6)\n"
+        "sp.nsimplify(0.5); sp.integrate(x**2, x); sp.diff(sp.sin(x), x); sp.Matrix([[1, 2], [3, 4]]).det()\n"
+        "sp.sqrt(8); sp.latex(x**2); sp.sympify('x + 1'); sp.isprime(97); sp.N(sp.pi, 20); sp.gcd(12, 18)\n"
+        "sp.binomial(5, 2); sp.limit(sp.sin(x) / x, x, 0); sp.series(sp.exp(x), x, 0, 3)\n"
+    ),
+}
+"""Code run once per worker so the lazy imports and caches of common calls are shared by every child."""
+
+
+def _preload(modules: list[str], warmup: bool) -> None:
+    """Import the preload list, warm its common paths, then freeze the heap for the children."""
+    for name in modules:
+        importlib.import_module(name)
+        if warmup and name in WARMUP:
+            try:
+                exec(WARMUP[name], {"__name__": "__warmup__"})
+            except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs speed
+                sys.stderr.write(f"looprl sandbox worker: warm-up of {name} failed: {exc}\n")
+    gc.collect()
+    gc.freeze()  # keep the preloaded heap shared with the children (no copy-on-write by the GC)
+
+
 def main() -> None:
     """Entry point of a worker process (see the module docstring)."""
     config = proto.read_frame(0)
     if config is None:
         return
-    features = isolation.enter_namespaces() if config.get("namespaces", True) else {"namespaces": "off"}
-    if os.geteuid() == 0 or "user" in features.get("namespaces", ""):
-        features.update(isolation.setup_mounts(config["scratch_root"], isolation.read_only_paths()))
+    features: dict[str, Any] = (
+        isolation.enter_namespaces() if config.get("namespaces", True) else {"namespaces": "off"}
+    )
+    namespaces = features["namespaces"]
+    if namespaces.startswith(("mnt", "user")):
+        root_pid_ns = namespaces.startswith("mnt,net,pid")
+        mounts, scratch_root = isolation.setup_mounts(
+            config["scratch_root"], isolation.read_only_paths(), root_pid_ns
+        )
+        features.update(mounts)
+        config["scratch_root"] = scratch_root or config["scratch_root"]
     try:
         isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         features["subreaper"] = True
     except OSError:
         features["subreaper"] = False
-    for name in config.get("preload", []):
-        importlib.import_module(name)
-    gc.collect()
-    gc.freeze()  # keep the preloaded heap shared with the children (no copy-on-write by the GC)
+    _preload(config.get("preload", []), config.get("warmup", True))
+    features["hugepages"] = isolation.collapse_heap()
     worker = Worker(config, features)
     worker.spare = worker.spawn(worker.uid, persistent=False)
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
@@ -305,7 +376,10 @@ def serve_pool(worker: Worker) -> None:
         try:
             reply = worker.handle(req)
         except Exception as exc:  # noqa: BLE001 - report, never die, on a bad request
-            reply = {"status": "sandbox_error", "message": f"worker error: {type(exc).__name__}: {exc}"}
+            reply = {
+                "status": "sandbox_error",
+                "message": f"worker error: {type(exc).__name__}: {exc}",
+            }
         reply.setdefault("duration", time.monotonic() - start)
         proto.write_frame(1, reply)
         if req.get("op") in ("exec", "session"):

@@ -42,7 +42,7 @@ class Trainer:
         self.resume = resume
         self.step = 0
         self.cursor = 0
-        self.history: list[dict[str, float]] = []
+        self._task_stream: tuple[int, Any] | None = None
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
@@ -184,8 +184,13 @@ class Trainer:
         return kept or groups, time.perf_counter() - start, used
 
     def _tasks(self, cursor: int, n: int) -> list[Task]:
-        it = self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor)
-        return [next(it) for _ in range(n)]
+        """`n` training tasks from position `cursor` of the seeded stream (reusing the open stream)."""
+        if self._task_stream is None or self._task_stream[0] != cursor:
+            self._task_stream = (cursor, self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor))
+        it = self._task_stream[1]
+        tasks = [next(it) for _ in range(n)]
+        self._task_stream = (cursor + n, it)
+        return tasks
 
     def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
         """Advantages and the optimizer update for one batch; returns training metrics."""
@@ -221,6 +226,10 @@ class Trainer:
             "time/score": sum(ep.timings.get("score", 0.0) for ep in episodes),
         }
         out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
+        for env_name, row in summary.get("per_env", {}).items():  # mixtures: one series per environment
+            if "reward" in row:
+                out[f"env/{env_name}/reward"] = row["reward"]
+            out.update({f"env/{env_name}/{k}": v for k, v in row.get("rewards", {}).items()})
         return out
 
     async def _evaluate(self, step: int) -> dict[str, float]:
@@ -244,6 +253,9 @@ class Trainer:
         out = {"eval/reward": summary["reward_mean"], "time/eval": seconds}
         out.update({f"eval/{k}": v for k, v in summary["rewards"].items()})
         out.update({f"eval/{k}": v for k, v in summary["pass_at_k"].items()})
+        for env_name, row in summary.get("per_env", {}).items():
+            if "reward" in row:
+                out[f"eval/{env_name}/reward"] = row["reward"]
         out["eval/turns"] = summary["turns_mean"]
         out["eval/gen_tokens"] = summary["generated_tokens_mean"]
         return out

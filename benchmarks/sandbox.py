@@ -1,0 +1,183 @@
+"""Sandbox latency and throughput per backend, against a fresh `python -c` process.
+
+    python -m benchmarks.sandbox                 # all backends, default sizes
+    python -m benchmarks.sandbox --calls 100 --backends forkserver
+
+For each backend and each snippet (`print(2+2)` and a small numpy + sympy computation) it
+reports the median and p90 latency of sequential calls, the calls per second with 4 concurrent
+callers, and the CPU time spent per call by every process involved (measured with a cgroup
+when the benchmark may create one, so other jobs on the machine do not count). Targets for the
+default backend on 2 cores: median <= 15 ms and >= 300 calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+from looprl.sandbox import ExecResult, ForkServerExecutor, SandboxLimits, SubprocessExecutor
+
+SNIPPETS = {
+    "print(2+2)": "print(2+2)",
+    "numpy+sympy": (
+        "import numpy as np, sympy as sp\n"
+        "x = sp.Symbol('x')\n"
+        "print(np.linalg.det(np.eye(3) * 2), sp.factor(x**2 - 1), sp.Rational(1, 3) + sp.Rational(1, 6))"
+    ),
+}
+CONCURRENCY = 4
+
+
+class CpuMeter:
+    """CPU seconds used by this process and all its descendants, via a cgroup of their own.
+
+    Falls back to None when no cgroup can be created (not root, read-only cgroupfs).
+    """
+
+    def __init__(self) -> None:
+        self.read: Callable[[], float] | None = None
+        self._undo: Callable[[], None] = lambda: None
+        for make in (self._cgroup_v1, self._cgroup_v2):
+            with contextlib.suppress(OSError):
+                make()
+                return
+
+    def _join(self, path: str) -> None:
+        os.mkdir(path)
+        parent = os.path.dirname(path)
+        with open(f"{path}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+
+        def undo() -> None:
+            with contextlib.suppress(OSError):
+                with open(f"{parent}/cgroup.procs", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rmdir(path)
+
+        self._undo = undo
+
+    def _cgroup_v1(self) -> None:
+        path = f"/sys/fs/cgroup/cpuacct/looprl-bench-{os.getpid()}"
+        self._join(path)
+        self.read = lambda: int(open(f"{path}/cpuacct.usage").read()) / 1e9
+
+    def _cgroup_v2(self) -> None:
+        root = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+        path = f"{root}/looprl-bench-{os.getpid()}"
+        self._join(path)
+
+        def read() -> float:
+            with open(f"{path}/cpu.stat") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("usage_usec")) / 1e6
+
+        self.read = read
+
+    def close(self) -> None:
+        """Leave the cgroup and remove it."""
+        self._undo()
+
+    @contextlib.contextmanager
+    def measure(self, out: list[float]) -> Iterator[None]:
+        """Append the CPU seconds used inside the block to `out` (nothing when unavailable)."""
+        before = self.read() if self.read else 0.0
+        yield
+        if self.read:
+            out.append(self.read() - before)
+
+
+async def fresh_python(code: str, timeout: float = 60) -> ExecResult:
+    """The reference: one new `python -c` process per call, no isolation at all."""
+    start = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    status = "ok" if proc.returncode == 0 else "error"
+    return ExecResult(status, out.decode(), err.decode(), duration=time.monotonic() - start)
+
+
+async def measure(
+    run: Callable[[str], Awaitable[ExecResult]], code: str, calls: int, meter: CpuMeter
+) -> dict[str, float]:
+    """Sequential latency (median, p90) and 4-caller throughput for one backend and snippet."""
+    for _ in range(3):  # warm-up
+        assert (await run(code)).ok
+    latencies = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        result = await run(code)
+        latencies.append(time.perf_counter() - start)
+        assert result.ok, result
+    cpu: list[float] = []
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            r = await run(code)
+            assert r.ok, r
+
+    per_caller = max(1, calls // CONCURRENCY) * 2
+    with meter.measure(cpu):
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(per_caller) for _ in range(CONCURRENCY)))
+        elapsed = time.perf_counter() - start
+    total = per_caller * CONCURRENCY
+    return {
+        "median_ms": statistics.median(latencies) * 1e3,
+        "p90_ms": statistics.quantiles(latencies, n=10)[-1] * 1e3,
+        "calls_per_s": total / elapsed,
+        "cpu_ms_per_call": cpu[0] / total * 1e3 if cpu else float("nan"),
+    }
+
+
+async def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=200, help="sequential calls per fast backend")
+    parser.add_argument("--slow-calls", type=int, default=20, help="calls for per-call-interpreter backends")
+    parser.add_argument("--backends", default="forkserver,subprocess,python-c")
+    parser.add_argument("--workers", type=int, default=None, help="fork-server workers")
+    args = parser.parse_args(argv)
+    meter = CpuMeter()
+    limits = SandboxLimits(timeout=30)
+    rows = []
+    load_before = open("/proc/loadavg").read().split()[:3]
+    try:
+        for backend in args.backends.split(","):
+            if backend == "forkserver":
+                ex: ForkServerExecutor | SubprocessExecutor | None = ForkServerExecutor(limits, workers=args.workers)
+                await ex.start()
+                print(ex.isolation_report().summary(), file=sys.stderr)
+            elif backend == "subprocess":
+                ex = SubprocessExecutor(limits, max_concurrency=CONCURRENCY)
+            elif backend == "python-c":
+                ex = None
+            else:
+                raise SystemExit(f"unknown backend {backend!r}; choose forkserver, subprocess, python-c")
+            run = ex.execute if ex is not None else fresh_python
+            calls = args.calls if backend == "forkserver" else args.slow_calls
+            for name, code in SNIPPETS.items():
+                rows.append((backend, name, await measure(run, code, calls, meter)))
+            if ex is not None:
+                await ex.close()
+    finally:
+        meter.close()
+    load_after = open("/proc/loadavg").read().split()[:3]
+    print(f"\n{os.cpu_count()} CPU cores; load average before {load_before}, after {load_after}")
+    header = f"| {'backend':<11} | {'snippet':<12} | median ms | p90 ms | calls/s (4 callers) | CPU ms/call |"
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for backend, name, m in rows:
+        print(
+            f"| {backend:<11} | {name:<12} | {m['median_ms']:9.1f} | {m['p90_ms']:6.1f} "
+            f"| {m['calls_per_s']:19.0f} | {m['cpu_ms_per_call']:11.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
