@@ -20,7 +20,9 @@ def parse_overrides(items: list[str], prefix: str) -> dict[str, Any]:
     while i < len(items):
         item = items[i]
         if not item.startswith(f"--{prefix}."):
-            raise SystemExit(f"error: unrecognized argument {item!r}; options for the environment look like --{prefix}.KEY VALUE")
+            raise SystemExit(
+                f"error: unrecognized argument {item!r}; options for the environment look like --{prefix}.KEY VALUE"
+            )
         key = item[len(prefix) + 3 :]
         if "=" in key:
             key, raw = key.split("=", 1)
@@ -40,26 +42,51 @@ def parse_overrides(items: list[str], prefix: str) -> dict[str, Any]:
 def _eval_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="evaluate a model on an environment")
     p.add_argument("env", help="environment name (calculator), module path, or .py file")
-    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m, a local HF directory, or a served model name")
-    p.add_argument("--base-url", default=None, help="OpenAI-compatible server URL (then --model names the served model)")
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny, smollm2-135m, a local HF directory, or a served model name",
+    )
+    p.add_argument(
+        "--base-url",
+        default=None,
+        help="OpenAI-compatible server URL (then --model names the served model)",
+    )
     p.add_argument("--api-key", default=None)
     p.add_argument("-n", "--num-tasks", type=int, default=50)
-    p.add_argument("-r", "--rollouts", type=int, default=4, help="rollouts per task (pass@k up to this k)")
+    p.add_argument(
+        "-r", "--rollouts", type=int, default=4, help="rollouts per task (pass@k up to this k)"
+    )
     p.add_argument("--split", default="eval", choices=["eval", "train"])
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens per turn (default: the environment's)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="max new tokens per turn (default: the environment's)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pass-threshold", type=float, default=1.0, help="reward counted as solved for pass@k")
+    p.add_argument(
+        "--pass-threshold", type=float, default=1.0, help="reward counted as solved for pass@k"
+    )
     p.add_argument("--concurrency", type=int, default=64, help="task groups run at once")
-    p.add_argument("--output", default=None, help="results directory (default runs/eval-ENV-MODEL-TIME)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted evaluation in --output (or the latest)")
+    p.add_argument(
+        "--output", default=None, help="results directory (default runs/eval-ENV-MODEL-TIME)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted evaluation in --output (or the latest)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `looprl` command."""
-    parser = argparse.ArgumentParser(prog="looprl", description="Train and evaluate agentic reasoners.")
+    parser = argparse.ArgumentParser(
+        prog="looprl", description="Train and evaluate agentic reasoners."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _eval_parser(sub)
     _train_parser(sub)
@@ -104,7 +131,9 @@ def _default_output(args: argparse.Namespace) -> Path:
     if args.resume:
         candidates = sorted(Path("runs").glob(f"eval-{env}-{model}-*"))
         if not candidates:
-            raise SystemExit(f"error: --resume found no runs/eval-{env}-{model}-* directory; pass --output DIR")
+            raise SystemExit(
+                f"error: --resume found no runs/eval-{env}-{model}-* directory; pass --output DIR"
+            )
         return candidates[-1]
     return Path("runs") / f"eval-{env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -124,7 +153,9 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
     env = load_environment(args.env, **env_kwargs)
     out = Path(args.output) if args.output else _default_output(args)
     if out.exists() and any(out.iterdir()) and not args.resume:
-        raise SystemExit(f"error: {out} already holds results; pass --resume to continue it or choose another --output")
+        raise SystemExit(
+            f"error: {out} already holds results; pass --resume to continue it or choose another --output"
+        )
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     done, skipped = load_results(results_path, repair=True) if args.resume else ([], 0)
@@ -138,9 +169,13 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
         top_k=args.top_k,
         seed=args.seed,
     )
-    console.print(f"[bold]looprl eval[/bold] {env.name} · model {args.model} · {len(tasks)} tasks x {args.rollouts} rollouts → {out}")
+    console.print(
+        f"[bold]looprl eval[/bold] {env.name} · model {args.model} · {len(tasks)} tasks x {args.rollouts} rollouts → {out}"
+    )
     policy = make_policy(args.model, base_url=args.base_url, api_key=args.api_key, seed=args.seed)
-    renderer = Renderer(policy.tokenizer, env.tool_schemas) if policy.tokenizer is not None else None
+    renderer = (
+        Renderer(policy.tokenizer, env.tool_schemas) if policy.tokenizer is not None else None
+    )
     metadata: dict[str, Any] = {
         "kind": "eval",
         "env": args.env,
@@ -156,9 +191,23 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
     }
     write_metadata(out / "metadata.json", metadata)
     episodes, seconds = asyncio.run(
-        _run_with_progress(env, policy.engine, tasks, args, renderer, RolloutConfig(sampling=sampling, seed=args.seed), results_path, done)
+        _run_with_progress(
+            env,
+            policy.engine,
+            tasks,
+            args,
+            renderer,
+            RolloutConfig(sampling=sampling, seed=args.seed),
+            results_path,
+            done,
+        )
     )
-    summary = summarize(episodes, rollouts_per_task=args.rollouts, generate_seconds=seconds, pass_threshold=args.pass_threshold)
+    summary = summarize(
+        episodes,
+        rollouts_per_task=args.rollouts,
+        generate_seconds=seconds,
+        pass_threshold=args.pass_threshold,
+    )
     print_summary(summary, title=f"{env.name} · {args.model}")
     metadata.update(status="finished", summary=summary, seconds=seconds)
     write_metadata(out / "metadata.json", metadata)
@@ -178,22 +227,40 @@ async def _run_with_progress(env, engine, tasks, args, renderer, config, results
 
         def on_group(group):  # type: ignore[no-untyped-def]
             rewards.extend(ep.reward for ep in group)
-            bar.update(task_id, advance=len(group), info=f"reward {sum(rewards) / len(rewards):.3f}")
+            bar.update(
+                task_id, advance=len(group), info=f"reward {sum(rewards) / len(rewards):.3f}"
+            )
 
         try:
             return await evaluate(
-                env, engine, tasks, rollouts_per_task=args.rollouts, renderer=renderer, config=config,
-                results_path=results_path, done=done, max_concurrent_groups=args.concurrency, on_group=on_group,
+                env,
+                engine,
+                tasks,
+                rollouts_per_task=args.rollouts,
+                renderer=renderer,
+                config=config,
+                results_path=results_path,
+                done=done,
+                max_concurrent_groups=args.concurrency,
+                on_group=on_group,
             )
         finally:
             await engine.close()
 
 
 def _train_parser(sub: Any) -> None:
-    p = sub.add_parser("train", help="RL-train a model from a TOML config (overrides: --section.field VALUE)")
-    p.add_argument("config", nargs="?", default=None, help="TOML config file (defaults when omitted)")
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
-    p.add_argument("--run-dir", default=None, help="run directory (default runs/NAME from the config)")
+    p = sub.add_parser(
+        "train", help="RL-train a model from a TOML config (overrides: --section.field VALUE)"
+    )
+    p.add_argument(
+        "config", nargs="?", default=None, help="TOML config file (defaults when omitted)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+    )
+    p.add_argument(
+        "--run-dir", default=None, help="run directory (default runs/NAME from the config)"
+    )
     p.set_defaults(func=run_train_command)
 
 
@@ -220,9 +287,13 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _sft_parser(sub: Any) -> None:
     p = sub.add_parser("sft", help="supervised warm-start from a JSONL of conversations")
-    p.add_argument("--data", required=True, help='JSONL with {"messages": [...], "tools": [...]} per line')
+    p.add_argument(
+        "--data", required=True, help='JSONL with {"messages": [...], "tools": [...]} per line'
+    )
     p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local HF directory")
-    p.add_argument("--output", required=True, help="directory for the fine-tuned Hugging Face model")
+    p.add_argument(
+        "--output", required=True, help="directory for the fine-tuned Hugging Face model"
+    )
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=16)
@@ -243,13 +314,25 @@ def run_sft_command(args: argparse.Namespace, extra: list[str]) -> int:
     rows = read_conversations(Path(args.data))
     seed_everything(args.seed)
     model, tokenizer = load_model(args.model)
-    examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token)
-    console.print(f"[bold]looprl sft[/bold] {len(examples)} conversations · {sum(map(lambda e: sum(e.mask), examples))} trained tokens")
+    examples = examples_from_rows(
+        lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token
+    )
+    console.print(
+        f"[bold]looprl sft[/bold] {len(examples)} conversations · {sum(map(lambda e: sum(e.mask), examples))} trained tokens"
+    )
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
         console.print(f"step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
 
-    sft_train(model, examples, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, log=log)
+    sft_train(
+        model,
+        examples,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        log=log,
+    )
     export_hf(model, tokenizer, Path(args.output))
     console.print(f"saved {args.output}")
     return 0
@@ -257,7 +340,9 @@ def run_sft_command(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _view_parser(sub: Any) -> None:
     p = sub.add_parser("view", help="open the local web viewer on runs or eval results")
-    p.add_argument("paths", nargs="+", help="run directories, folders of runs, or eval result directories")
+    p.add_argument(
+        "paths", nargs="+", help="run directories, folders of runs, or eval result directories"
+    )
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--open", action="store_true", help="open a browser tab")
@@ -265,14 +350,18 @@ def _view_parser(sub: Any) -> None:
     def run(args: argparse.Namespace) -> int:
         from looprl.viewer import main_args
 
-        argv = [*args.paths, "--port", str(args.port), "--host", args.host] + (["--open"] if args.open else [])
+        argv = [*args.paths, "--port", str(args.port), "--host", args.host] + (
+            ["--open"] if args.open else []
+        )
         return main_args(argv)
 
     p.set_defaults(func=run)
 
 
 def _init_parser(sub: Any) -> None:
-    p = sub.add_parser("init", help="scaffold an environment package (module, pyproject, README, test)")
+    p = sub.add_parser(
+        "init", help="scaffold an environment package (module, pyproject, README, test)"
+    )
     p.add_argument("name", help="package name, e.g. my_env")
     p.add_argument("--dest", default=".", help="parent directory (default: here)")
 
@@ -285,7 +374,9 @@ def _init_parser(sub: Any) -> None:
             console.print(f"[red]error:[/red] {exc}")
             return 2
         module = next(iter(sorted(path.glob("*.py"))), path)
-        console.print(f"created {path}\ntry: looprl eval {module} --model tiny -n 4 -r 2   (or pip install -e {path})")
+        console.print(
+            f"created {path}\ntry: looprl eval {module} --model tiny -n 4 -r 2   (or pip install -e {path})"
+        )
         return 0
 
     p.set_defaults(func=run)

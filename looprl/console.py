@@ -6,7 +6,14 @@ import math
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 console = Console()
@@ -43,7 +50,10 @@ def summary_table(summary: dict[str, Any], title: str = "Evaluation") -> Table:
     for name, value in summary["pass_at_k"].items():
         table.add_row(name, _fmt(value))
     for env_name, row in summary.get("per_env", {}).items():
-        table.add_row(f"[{env_name}] reward", f"{_fmt(row.get('reward', float('nan')))} ({row['episodes']} episodes)")
+        table.add_row(
+            f"[{env_name}] reward",
+            f"{_fmt(row.get('reward', float('nan')))} ({row['episodes']} episodes)",
+        )
         for name, value in row.get("rewards", {}).items():
             table.add_row(f"[{env_name}]   {name}", _fmt(value))
     table.add_row("turns / episode", _fmt(summary["turns_mean"]))

@@ -23,13 +23,18 @@ from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environme
 from looprl.types import Message, ToolCall
 
 
-def teacher_conversation(task_expr: str, answer: str, rng: random.Random, tool_rate: float) -> list[Message]:
+def teacher_conversation(
+    task_expr: str, answer: str, rng: random.Random, tool_rate: float
+) -> list[Message]:
     """One trace of the imperfect teacher for `What is EXPR?`.
 
     With probability `tool_rate` it calls `calculate` and copies the result; otherwise it
     guesses a nearby number without the tool (wrong almost always).
     """
-    msgs = [Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=f"What is {task_expr}?")]
+    msgs = [
+        Message(role="system", content=SYSTEM_PROMPT),
+        Message(role="user", content=f"What is {task_expr}?"),
+    ]
     if rng.random() < tool_rate:
         call = ToolCall(name="calculate", arguments={"expression": task_expr}, id="call_0")
         msgs.append(Message(role="assistant", content="", tool_calls=[call]))
@@ -42,7 +47,9 @@ def teacher_conversation(task_expr: str, answer: str, rng: random.Random, tool_r
     return msgs
 
 
-def teacher_rows(n: int, seed: int, tool_rate: float, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def teacher_rows(
+    n: int, seed: int, tool_rate: float, tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """`n` teacher conversations on training tasks, as JSONL rows for `looprl sft`."""
     rng = random.Random(seed)
     rows = []
@@ -71,14 +78,24 @@ def _evaluate(model_name: str, out: Path, n: int, r: int, seed: int) -> dict[str
 
     async def go() -> tuple[list[Any], float]:
         try:
-            return await evaluate(env, policy.engine, tasks, rollouts_per_task=r, renderer=renderer,
-                                  config=RolloutConfig(sampling=sampling, seed=seed), results_path=out / "results.jsonl")
+            return await evaluate(
+                env,
+                policy.engine,
+                tasks,
+                rollouts_per_task=r,
+                renderer=renderer,
+                config=RolloutConfig(sampling=sampling, seed=seed),
+                results_path=out / "results.jsonl",
+            )
         finally:
             await policy.engine.close()
 
     episodes, seconds = asyncio.run(go())
     summary = summarize(episodes, rollouts_per_task=r, generate_seconds=seconds)
-    write_metadata(out / "metadata.json", {"kind": "eval", "model": model_name, "sampling": sampling.to_dict(), "summary": summary})
+    write_metadata(
+        out / "metadata.json",
+        {"kind": "eval", "model": model_name, "sampling": sampling.to_dict(), "summary": summary},
+    )
     return summary
 
 
@@ -88,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--sft-examples", type=int, default=1500)
     p.add_argument("--sft-epochs", type=float, default=2.0)
-    p.add_argument("--tool-rate", type=float, default=0.3, help="how often the teacher uses the tool")
+    p.add_argument(
+        "--tool-rate", type=float, default=0.3, help="how often the teacher uses the tool"
+    )
     p.add_argument("--rl-steps", type=int, default=30)
     p.add_argument("--eval-tasks", type=int, default=100)
     p.add_argument("--eval-rollouts", type=int, default=2)
@@ -97,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     t_start = time.perf_counter()
     sft_dir = _sft_phase(args, out)
-    before = _evaluate(str(sft_dir), out / "eval_before", args.eval_tasks, args.eval_rollouts, args.seed)
+    before = _evaluate(
+        str(sft_dir), out / "eval_before", args.eval_tasks, args.eval_rollouts, args.seed
+    )
     print_summary(before, title="after SFT (before RL)")
     run_dir = _rl_phase(args, out, sft_dir)
-    after = _evaluate(str(run_dir / "final"), out / "eval_after", args.eval_tasks, args.eval_rollouts, args.seed)
+    after = _evaluate(
+        str(run_dir / "final"), out / "eval_after", args.eval_tasks, args.eval_rollouts, args.seed
+    )
     print_summary(after, title="after GRPO")
     _print_before_after(before, after, out, run_dir, time.perf_counter() - t_start)
     return 0
@@ -119,13 +142,17 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     (out / "teacher.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     seed_everything(args.seed)
     model, tokenizer = load_model("tiny")
-    examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token)
+    examples = examples_from_rows(
+        lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token
+    )
     console.rule(f"SFT on {len(rows)} teacher traces (tool used {args.tool_rate:.0%} of the time)")
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
         console.print(f"sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
 
-    sft_train(model, examples, epochs=args.sft_epochs, lr=2e-3, batch_size=32, seed=args.seed, log=log)
+    sft_train(
+        model, examples, epochs=args.sft_epochs, lr=2e-3, batch_size=32, seed=args.seed, log=log
+    )
     sft_dir = out / "sft"
     export_hf(model, tokenizer, sft_dir)
     return sft_dir
@@ -146,7 +173,9 @@ def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
     return trainer.run_dir
 
 
-def _print_before_after(before: dict[str, Any], after: dict[str, Any], out: Path, run_dir: Path, seconds: float) -> None:
+def _print_before_after(
+    before: dict[str, Any], after: dict[str, Any], out: Path, run_dir: Path, seconds: float
+) -> None:
     table = Table(title="looprl demo: calculator, tiny model, held-out tasks")
     table.add_column("metric")
     table.add_column("after SFT", justify="right")
@@ -162,10 +191,18 @@ def _print_before_after(before: dict[str, Any], after: dict[str, Any], out: Path
     for name, get in rows:
         table.add_row(name, f"{get(before):.3f}", f"{get(after):.3f}")
     console.print(table)
-    gain = after["rewards"].get("correct_answer", 0.0) - before["rewards"].get("correct_answer", 0.0)
-    console.print(f"accuracy gain from RL: {gain * 100:+.1f} points  (total demo time {seconds / 60:.1f} min)")
-    console.print(f"run: {run_dir}\nplot: {run_dir / 'plots' / 'curves.png'}\nrollouts: {run_dir / 'rollouts'}")
-    console.print(f"evals: {out / 'eval_before'}, {out / 'eval_after'}\nview: looprl view {run_dir}")
+    gain = after["rewards"].get("correct_answer", 0.0) - before["rewards"].get(
+        "correct_answer", 0.0
+    )
+    console.print(
+        f"accuracy gain from RL: {gain * 100:+.1f} points  (total demo time {seconds / 60:.1f} min)"
+    )
+    console.print(
+        f"run: {run_dir}\nplot: {run_dir / 'plots' / 'curves.png'}\nrollouts: {run_dir / 'rollouts'}"
+    )
+    console.print(
+        f"evals: {out / 'eval_before'}, {out / 'eval_after'}\nview: looprl view {run_dir}"
+    )
 
 
 if __name__ == "__main__":

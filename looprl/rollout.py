@@ -55,13 +55,17 @@ async def rollout(
     try:
         state = await env.setup_state(task)
         await asyncio.wait_for(
-            _episode_loop(env, engine, renderer, config, result, state), timeout=env.limits.timeout_s
+            _episode_loop(env, engine, renderer, config, result, state),
+            timeout=env.limits.timeout_s,
         )
     except TimeoutError:
         result.truncated = True
         result.stop_reason = "timeout"
         result.errors.append(
-            {"kind": "rollout", "message": f"episode exceeded its timeout of {env.limits.timeout_s} s"}
+            {
+                "kind": "rollout",
+                "message": f"episode exceeded its timeout of {env.limits.timeout_s} s",
+            }
         )
     except Exception as exc:  # an environment bug must not take the batch down
         result.stop_reason = "error"
@@ -70,7 +74,9 @@ async def rollout(
         try:
             await env.cleanup_state(state)
         except Exception as exc:
-            result.errors.append({"kind": "rollout", "message": f"cleanup failed: {type(exc).__name__}: {exc}"})
+            result.errors.append(
+                {"kind": "rollout", "message": f"cleanup failed: {type(exc).__name__}: {exc}"}
+            )
     result.state = state
     result.metrics["template_breaks"] = float(max(0, len(result.trajectories) - 1))
     result.timings["total"] = time.perf_counter() - start
@@ -148,7 +154,16 @@ async def _episode_loop(
         if token_level:
             assert renderer is not None
             size = len(segment)
-            segment = _append_env_turn(renderer, before, messages, gen.token_ids, segment, result, turn, limits.max_context_tokens)
+            segment = _append_env_turn(
+                renderer,
+                before,
+                messages,
+                gen.token_ids,
+                segment,
+                result,
+                turn,
+                limits.max_context_tokens,
+            )
             if len(segment) == size:
                 result.truncated, result.stop_reason = True, "max_context"
                 break
@@ -181,7 +196,9 @@ def _append_env_turn(
     return new_segment
 
 
-def _turn_sampling(config: RolloutConfig, result: EpisodeResult, turn: int, budget: int) -> SamplingParams:
+def _turn_sampling(
+    config: RolloutConfig, result: EpisodeResult, turn: int, budget: int
+) -> SamplingParams:
     """Sampling params for one turn: the run's settings, a per-turn seed and the token budget."""
     base = config.sampling
     return SamplingParams(
@@ -204,7 +221,9 @@ async def run_group(
     config: RolloutConfig | None = None,
 ) -> list[EpisodeResult]:
     """`n` rollouts of one task, then scoring with the environment's rubric (group functions see all n)."""
-    groups = await run_groups(env, engine, [(task, list(range(n)))], renderer=renderer, config=config)
+    groups = await run_groups(
+        env, engine, [(task, list(range(n)))], renderer=renderer, config=config
+    )
     return groups[0]
 
 
@@ -227,7 +246,10 @@ async def run_groups(
     async def one(task: Task, indices: list[int]) -> list[EpisodeResult]:
         async with sem:
             eps = await asyncio.gather(
-                *(rollout(env, engine, task, renderer=renderer, config=config, rollout_index=i) for i in indices)
+                *(
+                    rollout(env, engine, task, renderer=renderer, config=config, rollout_index=i)
+                    for i in indices
+                )
             )
             out = list(eps)
             t0 = time.perf_counter()

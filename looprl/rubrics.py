@@ -61,11 +61,15 @@ class Rubric:
                 f"Rubric got {len(self.funcs)} functions but {len(weights)} weights; "
                 "give one weight per function (0.0 for a logged-only metric)"
             )
-        gweights = self.group_weights if self.group_weights is not None else [1.0] * len(self.group_funcs)
+        gweights = (
+            self.group_weights if self.group_weights is not None else [1.0] * len(self.group_funcs)
+        )
         if len(gweights) != len(self.group_funcs):
             raise ValueError("Rubric group_weights must have one weight per group function")
         self.specs = [RewardSpec(f, w) for f, w in zip(self.funcs, weights, strict=True)]
-        self.specs += [RewardSpec(f, w, group=True) for f, w in zip(self.group_funcs, gweights, strict=True)]
+        self.specs += [
+            RewardSpec(f, w, group=True) for f, w in zip(self.group_funcs, gweights, strict=True)
+        ]
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise ValueError(f"reward function names must be unique, got {names}")
@@ -90,7 +94,9 @@ class Rubric:
 
     def total(self, episode: EpisodeResult) -> float:
         """Weighted sum over the reward functions this episode has values for."""
-        return float(sum(s.weight * episode.rewards.get(s.name, 0.0) for s in self.specs if s.weight))
+        return float(
+            sum(s.weight * episode.rewards.get(s.name, 0.0) for s in self.specs if s.weight)
+        )
 
     async def _score_one(self, ep: EpisodeResult) -> None:
         for spec in self.specs:
@@ -124,7 +130,9 @@ def _as_float(value: object, name: str) -> float:
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, int | float):
-        raise TypeError(f"reward function {name!r} returned {type(value).__name__}, expected a float")
+        raise TypeError(
+            f"reward function {name!r} returned {type(value).__name__}, expected a float"
+        )
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"reward function {name!r} returned {out}, expected a finite float")

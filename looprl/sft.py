@@ -34,7 +34,9 @@ def read_conversations(path: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i}: not valid JSON ({exc.msg}); each line must be one conversation") from None
+            raise ValueError(
+                f"{path}:{i}: not valid JSON ({exc.msg}); each line must be one conversation"
+            ) from None
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
             raise ValueError(f'{path}:{i}: expected an object with a "messages" list')
         rows.append(row)
@@ -59,7 +61,9 @@ def encode_conversation(renderer: Renderer, messages: list[Message], eos_text: s
         prompt = renderer.render_ids(messages[:i], add_generation_prompt=True)
         full = renderer.render_ids(messages[: i + 1], add_generation_prompt=False)
         if prompt[: len(ids)] != ids or full[: len(prompt)] != prompt:
-            raise ValueError("the chat template is not prefix-safe for this conversation; cannot mask turns")
+            raise ValueError(
+                "the chat template is not prefix-safe for this conversation; cannot mask turns"
+            )
         mask += [0] * (len(prompt) - len(ids))
         turn = full[len(prompt) :]
         n_tail = len(tail_ids) if tail_ids and turn[-len(tail_ids) :] == tail_ids else 0
@@ -85,10 +89,20 @@ def sft_train(
     device = next(model.parameters()).device
     rng = random.Random(seed)
     steps = max(1, math.ceil(len(examples) * epochs / batch_size))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=lr,
+        weight_decay=0.0,
+        betas=(0.9, 0.95),
+    )
     warm = max(1, int(steps * warmup_frac))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
+        opt,
+        lambda s: (
+            (s + 1) / warm
+            if s < warm
+            else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
+        ),
     )
     order: list[int] = []
     losses = []
@@ -113,7 +127,9 @@ def sft_train(
     return losses
 
 
-def _sft_loss(model: torch.nn.Module, batch: list[SFTExample], device: torch.device) -> torch.Tensor:
+def _sft_loss(
+    model: torch.nn.Module, batch: list[SFTExample], device: torch.device
+) -> torch.Tensor:
     t_max = max(len(e.token_ids) for e in batch)
     ids = torch.zeros((len(batch), t_max), dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -124,13 +140,19 @@ def _sft_loss(model: torch.nn.Module, batch: list[SFTExample], device: torch.dev
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(e.mask, dtype=torch.float32)
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()  # (B, T-1, V)
-    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+    logits = (
+        model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    )  # (B, T-1, V)
+    nll = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), ids[:, 1:], reduction="none"
+    )  # (B, T-1)
     m = mask[:, 1:]
     return (nll * m).sum() / m.sum().clamp(min=1.0)
 
 
-def examples_from_rows(renderer_for: Any, rows: Iterable[dict[str, Any]], eos_text: str) -> list[SFTExample]:
+def examples_from_rows(
+    renderer_for: Any, rows: Iterable[dict[str, Any]], eos_text: str
+) -> list[SFTExample]:
     """Encode rows; `renderer_for(tools)` gives the renderer offering that row's tools."""
     out = []
     for row in rows:

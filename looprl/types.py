@@ -161,7 +161,9 @@ class Trajectory:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def extend(self, ids: list[int], *, sampled: bool, turn: int, logprobs: list[float] | None = None) -> None:
+    def extend(
+        self, ids: list[int], *, sampled: bool, turn: int, logprobs: list[float] | None = None
+    ) -> None:
         """Append tokens; sampled tokens carry mask 1 and their logprobs, others mask 0."""
         if sampled and (logprobs is None or len(logprobs) != len(ids)):
             raise ValueError("sampled tokens need one logprob each")

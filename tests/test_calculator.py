@@ -26,7 +26,15 @@ def test_safe_eval_arithmetic():
 
 @pytest.mark.parametrize(
     "expr",
-    ["__import__('os').system('ls')", "open('/etc/passwd')", "2 ** 1000", "[1, 2]", "x + 1", "9" * 300, "1 +"],
+    [
+        "__import__('os').system('ls')",
+        "open('/etc/passwd')",
+        "2 ** 1000",
+        "[1, 2]",
+        "x + 1",
+        "9" * 300,
+        "1 +",
+    ],
 )
 def test_safe_eval_rejects_code_and_huge_numbers(expr):
     with pytest.raises(ValueError):
@@ -37,8 +45,12 @@ def test_splits_never_overlap_and_are_seeded():
     train = {t.info["expression"] for seed in range(3) for t in generate_tasks("train", 400, seed)}
     test = {t.info["expression"] for seed in range(3) for t in generate_tasks("eval", 400, seed)}
     assert not train & test
-    assert [t.id for t in generate_tasks("eval", 20, 5)] == [t.id for t in generate_tasks("eval", 20, 5)]
-    assert [t.id for t in generate_tasks("eval", 20, 5)] != [t.id for t in generate_tasks("eval", 20, 6)]
+    assert [t.id for t in generate_tasks("eval", 20, 5)] == [
+        t.id for t in generate_tasks("eval", 20, 5)
+    ]
+    assert [t.id for t in generate_tasks("eval", 20, 5)] != [
+        t.id for t in generate_tasks("eval", 20, 6)
+    ]
     for t in generate_tasks("train", 50, 0):
         assert str(safe_eval(t.info["expression"])) == t.answer
 

@@ -10,7 +10,12 @@ from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
 def test_defaults_and_overrides(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[algorithm]\npreset = "dapo"\n[optim]\nlr = 0.001\n')
-    cfg = load_config(path, parse_cli_overrides(["--optim.lr", "2e-5", "--trainer.steps=3", "--env.kwargs", '{"max_turns": 2}']))
+    cfg = load_config(
+        path,
+        parse_cli_overrides(
+            ["--optim.lr", "2e-5", "--trainer.steps=3", "--env.kwargs", '{"max_turns": 2}']
+        ),
+    )
     assert cfg.algorithm.preset == "dapo" and cfg.optim.lr == 2e-5 and cfg.trainer.steps == 3
     assert cfg.env.kwargs == {"max_turns": 2}
 
@@ -22,7 +27,7 @@ def test_defaults_and_overrides(tmp_path):
         ("[optim]\nlr = -1.0\n", "optim.lr"),
         ("[trainer]\nsteps = 0\n", "trainer.steps"),
         ("[trainer]\nstepz = 3\n", "trainer.stepz"),
-        ('[algorithm]\noverrides = {eps_hi = 0.3}\n', "unknown algorithm field"),
+        ("[algorithm]\noverrides = {eps_hi = 0.3}\n", "unknown algorithm field"),
         ('[trainer]\nearly_stop_metric = "eval/reward"\n', "early_stop_value"),
         ("[optim\nlr = 1", "not valid TOML"),
     ],

@@ -14,7 +14,25 @@ pytestmark = pytest.mark.slow
 
 def test_eval_writes_results_and_metadata(tmp_path, capsys):
     out = tmp_path / "ev"
-    assert main(["eval", "calculator", "--model", "tiny", "-n", "3", "-r", "2", "--output", str(out), "--max-tokens", "8"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "calculator",
+                "--model",
+                "tiny",
+                "-n",
+                "3",
+                "-r",
+                "2",
+                "--output",
+                str(out),
+                "--max-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     eps, bad = load_results(out / "results.jsonl")
     assert len(eps) == 6 and bad == 0
     ep = eps[0]
@@ -29,7 +47,20 @@ def test_eval_writes_results_and_metadata(tmp_path, capsys):
 
 def test_eval_resume_skips_finished_groups(tmp_path):
     out = tmp_path / "ev"
-    args = ["eval", "calculator", "--model", "tiny", "-n", "4", "-r", "2", "--output", str(out), "--max-tokens", "6"]
+    args = [
+        "eval",
+        "calculator",
+        "--model",
+        "tiny",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "--output",
+        str(out),
+        "--max-tokens",
+        "6",
+    ]
     assert main(args) == 0
     lines = (out / "results.jsonl").read_text().splitlines()
     # simulate a run killed after two groups, the last write cut in half
@@ -48,7 +79,20 @@ def test_eval_refuses_to_overwrite_and_rejects_bad_env(tmp_path):
     with pytest.raises(SystemExit, match="--resume"):
         main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])
     with pytest.raises(ValueError, match="unknown environment"):
-        main(["eval", "nope_env", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(tmp_path / "x")])
+        main(
+            [
+                "eval",
+                "nope_env",
+                "--model",
+                "tiny",
+                "-n",
+                "1",
+                "-r",
+                "1",
+                "--output",
+                str(tmp_path / "x"),
+            ]
+        )
 
 
 def test_eval_against_openai_compatible_server(tmp_path):
@@ -62,6 +106,24 @@ def test_eval_against_openai_compatible_server(tmp_path):
 
     with FakeOpenAIServer(script=script) as srv:
         out = tmp_path / "ev"
-        assert main(["eval", "calculator", "--base-url", srv.base_url, "--model", "fake-model", "-n", "3", "-r", "1", "--output", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "calculator",
+                    "--base-url",
+                    srv.base_url,
+                    "--model",
+                    "fake-model",
+                    "-n",
+                    "3",
+                    "-r",
+                    "1",
+                    "--output",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["summary"]["reward_mean"] == 1.0

@@ -25,11 +25,24 @@ def _ep(tid: str, reward: float, i: int, **kw) -> EpisodeResult:
     traj.extend([1, 2], sampled=False, turn=0)
     traj.extend([3, 4, 5], sampled=True, turn=0, logprobs=[-1.0] * 3)
     task = Task(id=tid, prompt=[Message(role="user", content="q")])
-    return EpisodeResult(task=task, trajectories=[traj], reward=reward, rewards={"r": reward}, rollout_index=i, num_turns=2, **kw)
+    return EpisodeResult(
+        task=task,
+        trajectories=[traj],
+        reward=reward,
+        rewards={"r": reward},
+        rollout_index=i,
+        num_turns=2,
+        **kw,
+    )
 
 
 def test_summary_counts_errors_and_excludes_them_from_reward():
-    eps = [_ep("a", 1.0, 0), _ep("a", 0.0, 1), _ep("b", 0.0, 0), _ep("b", 0.0, 1, errors=[{"kind": "scoring", "message": "x"}])]
+    eps = [
+        _ep("a", 1.0, 0),
+        _ep("a", 0.0, 1),
+        _ep("b", 0.0, 0),
+        _ep("b", 0.0, 1, errors=[{"kind": "scoring", "message": "x"}]),
+    ]
     eps[2].tool_errors = {"timeout": 2}
     eps[2].truncated = True
     s = summarize(eps, rollouts_per_task=2, generate_seconds=2.0)

@@ -73,7 +73,11 @@ async def test_tool_episode_messages_masks_and_decoding(env, tiny_tokenizer):
     # tool output tokens are attended but not trained
     tool_ids = tiny_tokenizer.encode(task.answer, add_special_tokens=False)
     n = len(tool_ids)
-    starts = [i for i in range(len(seg.token_ids) - n) if seg.token_ids[i : i + n] == tool_ids and seg.turns[i] == 1]
+    starts = [
+        i
+        for i in range(len(seg.token_ids) - n)
+        if seg.token_ids[i : i + n] == tool_ids and seg.turns[i] == 1
+    ]
     assert starts and all(seg.mask[i] == 0 for i in range(starts[0], starts[0] + n))
     assert ep.metrics["template_breaks"] == 0
 
@@ -82,42 +86,71 @@ async def test_tool_episode_messages_masks_and_decoding(env, tiny_tokenizer):
     ("reply", "kind"),
     [
         ("<tool_call>\n{not json}\n</tool_call>", "malformed_json"),
-        ("<tool_call>\n" + json.dumps({"arguments": {"expression": "1+1"}}) + "\n</tool_call>", "malformed_json"),
+        (
+            "<tool_call>\n" + json.dumps({"arguments": {"expression": "1+1"}}) + "\n</tool_call>",
+            "malformed_json",
+        ),
         (call_text("calculator", {"expression": "1+1"}), "unknown_tool"),
         (call_text("calculate", {}), "missing_argument"),
         (call_text("calculate", {"expression": "1+1", "x": 2}), "unexpected_argument"),
         (call_text("calculate", {"expression": "import os"}), "exception"),
-        ("<tool_call>\n" + json.dumps({"name": "calculate", "arguments": {"expression": "1"}}), "malformed_json"),
+        (
+            "<tool_call>\n" + json.dumps({"name": "calculate", "arguments": {"expression": "1"}}),
+            "malformed_json",
+        ),
     ],
 )
 async def test_bad_calls_become_tool_messages_and_counts(env, tiny_tokenizer, reply, kind):
     engine = ScriptedEngine([reply, "The answer is 0."], tiny_tokenizer)
     task = env.get_tasks("eval", 1)[0]
-    [ep] = await run_group(env, engine, task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    [ep] = await run_group(
+        env, engine, task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas)
+    )
     assert ep.tool_errors == {kind: 1}
     tool_msg = ep.messages[3]
     assert tool_msg.role == "tool" and tool_msg.content.startswith("Error")
-    assert ep.rewards["tool_call_validity"] == 0.0 and not ep.errors  # a bad call is learning signal, not an error
+    assert (
+        ep.rewards["tool_call_validity"] == 0.0 and not ep.errors
+    )  # a bad call is learning signal, not an error
 
 
 async def test_max_turns_truncates(tiny_tokenizer):
     env = load_environment(max_turns=2)
-    engine = ScriptedEngine(lambda req: call_text("calculate", {"expression": "2*3"}), tiny_tokenizer)
-    ep = await rollout(env, engine, env.get_tasks("eval", 1)[0], renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    engine = ScriptedEngine(
+        lambda req: call_text("calculate", {"expression": "2*3"}), tiny_tokenizer
+    )
+    ep = await rollout(
+        env,
+        engine,
+        env.get_tasks("eval", 1)[0],
+        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+    )
     assert ep.stop_reason == "max_turns" and ep.truncated and ep.num_turns == 2
 
 
 async def test_max_tokens_per_turn_truncates(tiny_tokenizer):
     env = load_environment(max_tokens_per_turn=5)
     engine = ScriptedEngine(lambda req: "The answer is " + "9" * 50, tiny_tokenizer)
-    ep = await rollout(env, engine, env.get_tasks("eval", 1)[0], renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    ep = await rollout(
+        env,
+        engine,
+        env.get_tasks("eval", 1)[0],
+        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+    )
     assert ep.stop_reason == "max_tokens" and ep.truncated and ep.trajectories[0].num_sampled == 5
 
 
 async def test_max_context_truncates(tiny_tokenizer):
     env = load_environment(max_context_tokens=260, max_turns=10)
-    engine = ScriptedEngine(lambda req: call_text("calculate", {"expression": "2*3"}), tiny_tokenizer)
-    ep = await rollout(env, engine, env.get_tasks("eval", 1)[0], renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    engine = ScriptedEngine(
+        lambda req: call_text("calculate", {"expression": "2*3"}), tiny_tokenizer
+    )
+    ep = await rollout(
+        env,
+        engine,
+        env.get_tasks("eval", 1)[0],
+        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+    )
     assert ep.stop_reason == "max_context" and len(ep.trajectories[0]) <= 260
 
 
@@ -142,7 +175,12 @@ async def test_episode_timeout_keeps_partial_episode(tiny_tokenizer):
     env = load_environment()
     env.limits = Limits(max_turns=4, max_tokens_per_turn=96, max_context_tokens=1024, timeout_s=0.2)
     engine = ScriptedEngine(solver, tiny_tokenizer, delay=0.15)
-    ep = await rollout(env, engine, env.get_tasks("eval", 1)[0], renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    ep = await rollout(
+        env,
+        engine,
+        env.get_tasks("eval", 1)[0],
+        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+    )
     assert ep.stop_reason == "timeout" and ep.rollout_error and ep.num_turns == 1
 
 
@@ -151,14 +189,22 @@ async def test_environment_exception_is_a_rollout_error(env, tiny_tokenizer):
         raise RuntimeError("env bug")
 
     env.step = broken_step
-    ep = await rollout(env, ScriptedEngine(solver, tiny_tokenizer), env.get_tasks("eval", 1)[0], renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    ep = await rollout(
+        env,
+        ScriptedEngine(solver, tiny_tokenizer),
+        env.get_tasks("eval", 1)[0],
+        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+    )
     assert ep.rollout_error and "env bug" in ep.errors[0]["message"]
 
 
 async def test_template_break_starts_a_new_segment(env, tiny_tokenizer):
     tok = copy.deepcopy(tiny_tokenizer)
     # a template that rewrites history: the system line depends on the conversation length
-    tok.chat_template = "{{ '<|im_start|>system\\nturns ' ~ (messages|length) ~ '<|im_end|>\\n' }}" + tok.chat_template
+    tok.chat_template = (
+        "{{ '<|im_start|>system\\nturns ' ~ (messages|length) ~ '<|im_end|>\\n' }}"
+        + tok.chat_template
+    )
     renderer = Renderer(tok, env.tool_schemas)
     task = env.get_tasks("eval", 1)[0]
     [ep] = await run_group(env, ScriptedEngine(solver, tok), task, 1, renderer=renderer)

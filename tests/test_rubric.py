@@ -10,7 +10,9 @@ from looprl.types import EpisodeResult, Message, Task
 
 def _ep(answer: str, reply: str) -> EpisodeResult:
     task = Task(id="t", prompt=[Message(role="user", content="q")], answer=answer)
-    return EpisodeResult(task=task, messages=[*task.prompt, Message(role="assistant", content=reply)])
+    return EpisodeResult(
+        task=task, messages=[*task.prompt, Message(role="assistant", content=reply)]
+    )
 
 
 def correct(ep: EpisodeResult) -> float:

@@ -69,7 +69,9 @@ def test_two_steps_change_weights_for_every_preset(tmp_path, preset):
     trainer.logger.close()
     changed = any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
     rows = read_metrics(trainer.run_dir)
-    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows if r.get("loss") is not None)
+    assert len(rows) == 2 and all(
+        math.isfinite(r["loss"]) for r in rows if r.get("loss") is not None
+    )
     assert changed, "a training step left the weights unchanged"
     assert any(r.get("adv_abs_mean", 0.0) > 0 for r in rows)
     assert (trainer.run_dir / "final" / "config.json").exists()
@@ -106,7 +108,9 @@ def test_resume_after_crash_reproduces_metrics(tmp_path, monkeypatch):
     got = [stable(r) for r in read_metrics(tmp_path / "crash")]
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert got == expected
-    assert any(r["grad_norm"] > 0 for r in got)  # real updates happened, so equality means something
+    assert any(
+        r["grad_norm"] > 0 for r in got
+    )  # real updates happened, so equality means something
 
 
 def test_kill_9_and_resume_from_cli(tmp_path):

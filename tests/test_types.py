@@ -10,13 +10,26 @@ from looprl.types import EpisodeResult, Message, Task, ToolCall, Trajectory
 
 
 def _episode() -> EpisodeResult:
-    task = Task(id="t1", prompt=[Message(role="user", content="What is 2+2?")], answer="4", info={"k": [1, 2]}, env="calc")
+    task = Task(
+        id="t1",
+        prompt=[Message(role="user", content="What is 2+2?")],
+        answer="4",
+        info={"k": [1, 2]},
+        env="calc",
+    )
     traj = Trajectory()
     traj.extend([1, 2, 3], sampled=False, turn=0)
     traj.extend([4, 5], sampled=True, turn=0, logprobs=[-0.25, -1.5])
     msgs = [
         *task.prompt,
-        Message(role="assistant", content="", tool_calls=[ToolCall("calculate", {"expression": "2+2"}, "call_0", "<tool_call>..</tool_call>")], raw="raw"),
+        Message(
+            role="assistant",
+            content="",
+            tool_calls=[
+                ToolCall("calculate", {"expression": "2+2"}, "call_0", "<tool_call>..</tool_call>")
+            ],
+            raw="raw",
+        ),
         Message(role="tool", content="4", tool_call_id="call_0", name="calculate"),
     ]
     return EpisodeResult(
@@ -51,7 +64,13 @@ def test_trajectory_extend_and_check():
 
 def test_message_from_openai_format():
     m = Message.from_dict(
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+            ],
+        }
     )
     assert m.tool_calls[0].arguments == {"x": 1} and m.content == ""
     assert Task.from_dict({"id": 3, "prompt": "hi"}).prompt[0].content == "hi"

@@ -41,5 +41,5 @@ def make_policy(
     from looprl.models.loading import load_model
 
     hf_model, tokenizer = load_model(model, device=device)
-    engine = TorchEngine(hf_model, tokenizer, max_batch_size=max_batch_size, seed=seed)
-    return Policy(engine=engine, model=hf_model, tokenizer=tokenizer, name=model)
+    torch_engine = TorchEngine(hf_model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+    return Policy(engine=torch_engine, model=hf_model, tokenizer=tokenizer, name=model)

@@ -1,6 +1,6 @@
 """Batched forward passes with a slot-based KV cache: a fast path for Llama-family models, HF fallback.
 
-Two backends share one small interface (`reserve`, `prefill`, `decode`, `move_slot`, `truncate`):
+Two backends share one small interface (`KVBackend`: reserve, prefill, decode, move/copy a slot):
 
 - `LlamaKVModel` runs its own forward for Llama, Mistral, SmolLM2, Qwen2 (qkv bias) and Qwen3 (q/k
   norm). It reads every weight from the Hugging Face module at each call (`layer.self_attn.q_proj.
@@ -16,6 +16,7 @@ so decoding reads plain views of the cache and never gathers.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any, Protocol
 
@@ -38,8 +39,15 @@ class KVBackend(Protocol):
         """Make room for `slots` sequences of up to `length` cached tokens."""
         ...
 
-    def prefill(self, prompts: list[list[int]], first_slot: int) -> torch.Tensor:
-        """Cache `prompts` into slots `first_slot...`; return next-token logits `(len(prompts), V)`."""
+    supports_prefix: bool  # whether export_slot / import_slot and prefill `starts` work
+
+    def prefill(
+        self, prompts: list[list[int]], first_slot: int, starts: list[int] | None = None
+    ) -> torch.Tensor:
+        """Cache `prompts` into slots `first_slot...`; return next-token logits `(len(prompts), V)`.
+
+        `starts[i]` positions of prompt i are already in its slot (see `import_slot`).
+        """
         ...
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -47,11 +55,27 @@ class KVBackend(Protocol):
         ...
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` cached positions of slot `src` into slot `dst`."""
+        """Move slot `src` (positions `0..length-1`) into slot `dst`; `src` is freed."""
+        ...
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy slot `src` (positions `0..length-1`) into slot `dst`; both stay in use."""
         ...
 
     def truncate(self, slots: int) -> None:
         """Forget slots `slots...` (their sequences are finished)."""
+        ...
+
+    def release(self) -> None:
+        """Free all cache memory (only called when no sequence is active)."""
+        ...
+
+    def export_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of a slot's keys and values for positions `0..length-1`: (layers, Hkv, L, D)."""
+        ...
+
+    def import_slot(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Load the first `length` positions of exported keys/values into `slot`."""
         ...
 
 
@@ -63,8 +87,8 @@ def _next_size(need: int, current: int, minimum: int, limit: int) -> int:
     return min(size, limit)
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """RMSNorm exactly as HF Llama/Qwen compute it (in float32, weight applied in the input dtype)."""
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """RMSNorm as HF Llama/Qwen compute it (in float32, weight applied in the input dtype)."""
     if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)  # one fused kernel
     h = x.to(torch.float32)
@@ -75,17 +99,17 @@ def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """HF's `x * cos + rotate_half(x) * sin`, with rotate_half's sign folded into `signed_sin`.
 
-    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * [-1.., +1..], and HF's sin is cat(s, s).
+    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * [-1 (first half), +1 (second half)].
     """
     return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), signed_sin)
 
 
-def _linear(x: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+def _linear(x: torch.Tensor, proj: Any) -> torch.Tensor:
     """Apply an `nn.Linear` through its current weight and bias (no copy)."""
     return F.linear(x, proj.weight, proj.bias)
 
 
-def _check_supported(model: nn.Module) -> None:
+def _check_supported(model: Any) -> None:
     """Raise UnsupportedModelError unless the model has the Llama-family layout we implement."""
     cfg = model.config
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -95,7 +119,9 @@ def _check_supported(model: nn.Module) -> None:
     inner = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if inner is None or not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
-        raise UnsupportedModelError("model lacks model.{embed_tokens,layers,norm,rotary_emb}/lm_head")
+        raise UnsupportedModelError(
+            "model lacks model.{embed_tokens,layers,norm,rotary_emb}/lm_head"
+        )
     rope_type = getattr(inner.rotary_emb, "rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
@@ -105,6 +131,15 @@ def _check_supported(model: nn.Module) -> None:
     act = getattr(cfg, "hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise UnsupportedModelError(f"hidden_act {act!r} is not SwiGLU; use backend='hf'")
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for layer in inner.layers:
+        for name in projections:
+            module = getattr(layer.self_attn, name, None) or getattr(layer.mlp, name, None)
+            if type(module) is not nn.Linear:  # LoRA, quantised or otherwise wrapped layers
+                raise UnsupportedModelError(
+                    f"{name} is a {type(module).__name__}, not a plain nn.Linear (LoRA adapters or "
+                    "quantisation?); the model's own forward will be used"
+                )
 
 
 def sliding_window_limit(config: Any) -> int | None:
@@ -118,6 +153,37 @@ def sliding_window_limit(config: Any) -> int | None:
     return None
 
 
+class _PrefillPlan:
+    """Index tensors shared by every layer of one prefill batch (`mask` None: fresh prompts)."""
+
+    def __init__(self, first_slot: int, m: int, width: int) -> None:
+        self.first_slot, self.m, self.width = first_slot, m, width
+        self.mask: torch.Tensor | None = None  # (m, 1, T, span): may query t see key position j
+        self.valid = torch.empty(0, dtype=torch.bool)  # (m, T): real tokens, not padding
+        self.rows = torch.empty(0, dtype=torch.long)  # cache rows of the real tokens' keys
+        self.rope: tuple[torch.Tensor, torch.Tensor] = (self.valid, self.valid)
+        self.span = 0
+
+    def offsets(self, model: LlamaKVModel, starts: torch.Tensor, lens: torch.Tensor) -> None:
+        """Prepare for prompts whose first `starts[i]` positions are cached: rope, writes, mask."""
+        device = starts.device
+        t = torch.arange(self.width, device=device)
+        pos = starts[:, None] + t  # (m, T) absolute position of each suffix token
+        self.valid = t[None, :] < lens[:, None]  # (m, T) real tokens, not padding
+        safe = torch.where(self.valid, pos, 0)
+        self.rope = (
+            model.cos[safe][:, :, None],
+            model.signed_sin[safe][:, :, None],
+        )  # (m, T, 1, D)
+        row, col = self.valid.nonzero(as_tuple=True)  # (N,) each
+        heads = torch.arange(model.num_kv_heads, device=device)
+        slot_heads = (self.first_slot + row)[:, None] * model.num_kv_heads + heads  # (N, Hkv)
+        self.rows = (slot_heads * model.k.shape[3] + pos[row, col][:, None]).reshape(-1)
+        self.span = int((starts + lens).max())
+        keys = torch.arange(self.span, device=device)
+        self.mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # (m, 1, T, L)
+
+
 class LlamaKVModel:
     """Fast batched forward for Llama-family models over a slot-based preallocated KV cache.
 
@@ -126,7 +192,7 @@ class LlamaKVModel:
     Sliding-window models are supported up to their window (within it, attention is full).
     """
 
-    def __init__(self, model: nn.Module, *, max_slots: int, max_seq_len: int) -> None:
+    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int) -> None:
         _check_supported(model)
         cfg = model.config
         self.model = model
@@ -140,18 +206,23 @@ class LlamaKVModel:
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len
         weight = model.lm_head.weight
-        self.device, self.dtype = weight.device, weight.dtype
+        self.device: torch.device = weight.device
+        self.dtype: torch.dtype = weight.dtype
         shape = (len(self.layers), 0, self.num_kv_heads, 0, self.head_dim)
         self.k = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.v = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.cos = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
-        self.sin = torch.empty_like(self.cos)
+        self.signed_sin = torch.empty_like(self.cos)
+        self.supports_prefix = True
+        self._build_rope(1)  # fails early on partial rotary embeddings
 
     # --- cache management -------------------------------------------------------------------
     def reserve(self, slots: int, length: int) -> None:
         """Grow the cache (copying what it holds) so it fits `slots` x `length`."""
         if slots > self.max_slots or length > self.max_seq_len:
-            raise ValueError(f"cache request {slots}x{length} exceeds {self.max_slots}x{self.max_seq_len}")
+            raise ValueError(
+                f"cache request {slots}x{length} exceeds {self.max_slots}x{self.max_seq_len}"
+            )
         cur_slots, cur_len = self.k.shape[1], self.k.shape[3]
         if slots <= cur_slots and length <= cur_len:
             return
@@ -167,25 +238,46 @@ class LlamaKVModel:
             self._build_rope(new_len)
 
     def _build_rope(self, length: int) -> None:
-        """Tabulate cos/sin for positions 0..length-1 with the model's own rotary module."""
+        """Tabulate cos and signed sin for positions 0..length-1 with the model's own rotary module."""
         positions = torch.arange(length, device=self.device)[None]  # (1, L)
         probe = torch.empty(1, dtype=self.dtype, device=self.device)
         cos, sin = self.model.model.rotary_emb(probe, positions)  # (1, L, D) each
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        cos, sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+        if cos.shape[-1] != self.head_dim:
+            raise UnsupportedModelError(
+                "partial rotary embeddings are not supported by the fast path"
+            )
+        half = self.head_dim // 2
+        self.cos, self.signed_sin = cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy slot `src` into slot `dst` (positions `0..length-1`, all layers)."""
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
         self.v[:, dst, :, :length] = self.v[:, src, :, :length]
 
+    copy_slot = move_slot
+
     def truncate(self, slots: int) -> None:
         """Nothing to free: slots past the active count are simply overwritten later."""
 
+    def release(self) -> None:
+        """Drop the cache tensors; the next `reserve` allocates them again."""
+        self.k = self.k.new_empty((len(self.layers), 0, self.num_kv_heads, 0, self.head_dim))
+        self.v = self.v.new_empty(self.k.shape)
+
     # --- forward ----------------------------------------------------------------------------
     def _qkv(
-        self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        layer: Any,
+        x: torch.Tensor,
+        rope_q: tuple[torch.Tensor, torch.Tensor],
+        rope_k: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project normalised hidden states `(..., T, hidden)` to roped q, k and v `(..., T, heads, D)`."""
+        """Project normalised hidden states `(..., hidden)` to roped q, k and v `(..., heads, D)`.
+
+        `rope_q` / `rope_k` are (cos, signed_sin) tables shaped `(..., 1, D)`; the decode path folds
+        the attention scale into the query's.
+        """
         attn = layer.self_attn
         lead = x.shape[:-1]
         q = _linear(x, attn.q_proj).view(*lead, self.num_heads, self.head_dim)
@@ -193,67 +285,110 @@ class LlamaKVModel:
         v = _linear(x, attn.v_proj).view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, k, v
+        return _rope(q, *rope_q), _rope(k, *rope_k), v
 
-    def _mlp(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: Any, h: torch.Tensor) -> torch.Tensor:
         """Post-attention norm + SwiGLU MLP + residual."""
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)
-        return h + _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        return h + _linear(
+            F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj
+        )
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the selected hidden states `(n, hidden)` -> `(n, V)`."""
         return _linear(_rms_norm(h, self.model.model.norm), self.model.lm_head)
 
-    def prefill(self, prompts: list[list[int]], first_slot: int) -> torch.Tensor:
-        """Run right-padded prompts through the model, caching keys/values; return last-token logits."""
-        m, width = len(prompts), max(len(p) for p in prompts)
+    def prefill(
+        self, prompts: list[list[int]], first_slot: int, starts: list[int] | None = None
+    ) -> torch.Tensor:
+        """Run prompts through the model into slots `first_slot...`; return last-token logits `(m, V)`.
+
+        `starts[i]` positions of prompt i are already in its slot (loaded from the prefix cache);
+        only the rest is computed. Prompts are right-padded to one width; padding is never cached.
+        """
+        m = len(prompts)
+        starts = starts or [0] * m
+        suffixes = [p[s:] for p, s in zip(prompts, starts, strict=True)]
+        width = max(len(tail) for tail in suffixes)
         ids = torch.zeros(m, width, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        ids = ids.to(self.device)
-        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)  # (m,)
-        slots = slice(first_slot, first_slot + m)
-        cos, sin = self.cos[:width], self.sin[:width]  # (T, D)
-        h = F.embedding(ids, self.model.model.embed_tokens.weight)  # (m, T, hidden)
+        for i, tail in enumerate(suffixes):
+            ids[i, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+        lens = torch.tensor([len(tail) for tail in suffixes], device=self.device)  # (m,)
+        plan = _PrefillPlan(first_slot, m, width)
+        if any(starts):
+            plan.offsets(self, torch.tensor(starts, device=self.device), lens)
+        h = F.embedding(ids.to(self.device), self.model.model.embed_tokens.weight)  # (m, T, hidden)
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_layernorm)
-            q, k, v = self._qkv(layer, x, cos, sin)  # (m, T, heads, D)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (m, heads, T, D)
+            out = self._prefill_attention(i, layer, x, plan)  # (m, T, H*D)
+            h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
+        h_last = h[torch.arange(m, device=self.device), lens - 1]  # (m, hidden)
+        return self._logits(h_last)
+
+    def _prefill_attention(
+        self, i: int, layer: Any, x: torch.Tensor, plan: _PrefillPlan
+    ) -> torch.Tensor:
+        """Attention of one layer over a prefill batch; caches the new keys and values."""
+        m, width, dim = plan.m, plan.width, self.head_dim
+        slots = slice(plan.first_slot, plan.first_slot + m)
+        if plan.mask is None:  # fresh prompts: positions 0..T-1, plain causal attention
+            rope = (self.cos[:width, None], self.signed_sin[:width, None])  # (T, 1, D)
+            q, k, v = self._qkv(layer, x, rope, rope)  # (m, T, heads, D)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (m, Hkv, T, D)
             self.k[i, slots, :, :width] = k
             self.v[i, slots, :, :width] = v
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
-            )  # (m, H, T, D)
-            out = out.transpose(1, 2).reshape(m, width, -1)  # (m, T, H*D)
-            h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
-        h_last = h[torch.arange(m, device=self.device), last]  # (m, hidden)
-        return self._logits(h_last)
+            mask, causal = None, True
+        else:  # continuing cached prefixes: write the real tokens, attend over the slot's cache
+            q, k, v = self._qkv(layer, x, plan.rope, plan.rope)
+            self.k[i].view(-1, dim).index_copy_(0, plan.rows, k[plan.valid].reshape(-1, dim))
+            self.v[i].view(-1, dim).index_copy_(0, plan.rows, v[plan.valid].reshape(-1, dim))
+            k, v = self.k[i, slots, :, : plan.span], self.v[i, slots, :, : plan.span]
+            mask, causal = plan.mask, False
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=True,
+        )  # (m, H, T, D)
+        return out.transpose(1, 2).reshape(m, width, -1)
+
+    def export_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of slot `slot`'s keys and values for positions `0..length-1`: (layers, Hkv, L, D)."""
+        return self.k[:, slot, :, :length].clone(), self.v[:, slot, :, :length].clone()
+
+    def import_slot(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Load the first `length` positions of exported keys/values into slot `slot`."""
+        self.k[:, slot, :, :length] = keys[:, :, :length]
+        self.v[:, slot, :, :length] = values[:, :, :length]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token for each active slot `0..n-1`; return next-token logits `(n, V)`."""
-        n = tokens.shape[0]
+        n, dim = tokens.shape[0], self.head_dim
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         span = int(positions.max()) + 1  # cached positions any slot can see
-        rows = torch.arange(n, device=self.device)
-        hidden_mask = torch.arange(span, device=self.device)[None, :] > positions[:, None]  # (n, L)
+        hidden = torch.arange(span, device=self.device)[None, :] > positions[:, None]  # (n, L)
         bias = torch.zeros(n, 1, 1, span, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(hidden_mask[:, None, None, :], float("-inf"))  # (n, 1, 1, L)
-        cos, sin = self.cos[positions], self.sin[positions]  # (n, D)
+        bias.masked_fill_(hidden[:, None, None, :], float("-inf"))  # (n, 1, 1, L)
+        cos, sin = self.cos[positions, None], self.signed_sin[positions, None]  # (n, 1, D)
+        rope_q, rope_k = (cos * self.scale, sin * self.scale), (cos, sin)
+        # Row of each (slot, kv head, position) in one layer's cache viewed as (S * Hkv * cap, D).
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        slot_heads = torch.arange(n, device=self.device)[:, None] * self.num_kv_heads + heads
+        rows = (slot_heads * self.k.shape[3] + positions[:, None]).reshape(-1)  # (n * Hkv,)
         groups = self.num_heads // self.num_kv_heads
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # (n, hidden)
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_layernorm)
-            q, k, v = self._qkv(layer, x, cos, sin)  # (n, heads, D)
-            self.k[i, rows, :, positions] = k
-            self.v[i, rows, :, positions] = v
-            keys = self.k[i, :n, :, :span]  # (n, Hkv, L, D)
-            values = self.v[i, :n, :, :span]
-            q = q.view(n, self.num_kv_heads, groups, self.head_dim)  # (n, Hkv, G, D)
-            scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scale + bias  # (n, Hkv, G, L)
+            q, k, v = self._qkv(layer, x, rope_q, rope_k)  # (n, heads, D); q carries the scale
+            self.k[i].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
+            self.v[i].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
+            keys, values = self.k[i, :n, :, :span], self.v[i, :n, :, :span]  # (n, Hkv, L, D)
+            q = q.view(n, self.num_kv_heads, groups, dim)  # (n, Hkv, G, D)
+            scores = torch.matmul(q, keys.transpose(-1, -2)) + bias  # (n, Hkv, G, L)
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
             out = torch.matmul(probs, values).reshape(n, -1)  # (n, H*D)
             h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
@@ -263,19 +398,25 @@ class LlamaKVModel:
 class HFCacheModel:
     """Fallback backend: the model's own forward and cache, one sequence at a time (any causal LM)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
-        params = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+        params = inspect.signature(base.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.device = next(model.parameters()).device
         self.caches: list[Any] = []
+        self.supports_prefix = False
 
     def reserve(self, slots: int, length: int) -> None:
         """Grow the per-slot cache list."""
         self.caches.extend([None] * (slots - len(self.caches)))
 
-    def prefill(self, prompts: list[list[int]], first_slot: int) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[list[int]], first_slot: int, starts: list[int] | None = None
+    ) -> torch.Tensor:
         """Run each prompt alone and keep its cache."""
+        if starts and any(starts):
+            raise ValueError("the HF fallback backend cannot continue cached prefixes")
         rows = []
         for i, prompt in enumerate(prompts):
             ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
@@ -300,7 +441,23 @@ class HFCacheModel:
         """Hand slot `src`'s cache object to slot `dst`."""
         self.caches[dst] = self.caches[src]
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Give slot `dst` its own deep copy of slot `src`'s cache (caches are updated in place)."""
+        self.caches[dst] = copy.deepcopy(self.caches[src])
+
     def truncate(self, slots: int) -> None:
         """Drop the caches of finished sequences."""
         for i in range(slots, len(self.caches)):
             self.caches[i] = None
+
+    def release(self) -> None:
+        """Drop every cache."""
+        self.caches = []
+
+    def export_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Not available: the model's own cache objects have no common layout."""
+        raise NotImplementedError("the HF fallback backend has no prefix cache")
+
+    def import_slot(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Not available: the model's own cache objects have no common layout."""
+        raise NotImplementedError("the HF fallback backend has no prefix cache")

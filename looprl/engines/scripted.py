@@ -33,7 +33,9 @@ class ScriptedEngine:
         self.script = script
         self.tokenizer = tokenizer
         self.token_level = tokenizer is not None
-        self.eos_ids = tokenizer.encode(eos_token, add_special_tokens=False) if tokenizer and eos_token else []
+        self.eos_ids = (
+            tokenizer.encode(eos_token, add_special_tokens=False) if tokenizer and eos_token else []
+        )
         self.logprob = logprob
         self.delay = delay
         self.calls = 0
@@ -43,7 +45,9 @@ class ScriptedEngine:
             return self.script(request)
         turn = sum(1 for m in request.messages if m.role == "assistant")
         if turn >= len(self.script):
-            raise IndexError(f"script has {len(self.script)} replies, turn {turn} asked for another")
+            raise IndexError(
+                f"script has {len(self.script)} replies, turn {turn} asked for another"
+            )
         return self.script[turn]
 
     async def generate(self, request: GenerationRequest) -> Generation:
@@ -61,7 +65,9 @@ class ScriptedEngine:
         limit = request.sampling.max_tokens
         if len(ids) + len(self.eos_ids) > limit:
             ids = ids[:limit]
-            return Generation(text=text, token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason="length")
+            return Generation(
+                text=text, token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason="length"
+            )
         ids += self.eos_ids
         return Generation(text=text, token_ids=ids, logprobs=[self.logprob] * len(ids))
 

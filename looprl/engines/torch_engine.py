@@ -15,6 +15,12 @@ Weights, two modes:
   and call `engine.sync_weights(trainer_model)` when the trainer has finished a step; the copy
   waits for the current decoding step, then overwrites the engine's parameters in place.
 
+Multi-turn rollouts: when a sequence finishes, its keys/values go into a prefix cache
+(`looprl.engines.prefix_cache`); a later prompt that extends it (the same conversation plus the
+environment's reply) prefills only the new tokens. The cache is emptied whenever the weights
+change (`sync_weights`, or an in-place update detected by a weight fingerprint at admission), so
+no turn ever continues keys/values computed by older weights.
+
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
 the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests).
 """
@@ -23,13 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -44,7 +51,9 @@ from looprl.engines.kv_model import (
     UnsupportedModelError,
     sliding_window_limit,
 )
-from looprl.engines.sampling import RowParams, sample
+from looprl.engines.prefix_cache import PrefixCache, PrefixEntry
+from looprl.engines.sampling import sample
+from looprl.engines.sequence import SequenceState, check_request, default_stop_ids
 from looprl.types import FinishReason, Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,67 +68,11 @@ class EngineStats:
 
     requests: int = 0
     prompt_tokens: int = 0
-    prefill_tokens_saved: int = 0  # prompt tokens not recomputed because an identical prompt was
+    prefill_tokens_saved: int = 0  # prompt tokens not computed (identical prompt, or prefix cache)
+    prefix_hits: int = 0  # prompts that continued a finished turn's cached keys/values
     generated_tokens: int = 0
     decode_steps: int = 0
     busy_seconds: float = 0.0
-
-
-@dataclass
-class _Sequence:
-    """One request inside the engine: its prompt, settings, sampled tokens and how to report back."""
-
-    prompt: list[int]
-    sampling: SamplingParams
-    rng: random.Random
-    on_done: Callable[[Generation], None]
-    watcher: StopStringWatcher
-    started: float = field(default_factory=time.perf_counter)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    cache_len: int = 0  # positions of this sequence held in the KV cache
-    cancelled: bool = False
-
-    @property
-    def row(self) -> RowParams:
-        """Sampling settings for `looprl.engines.sampling.sample`."""
-        s = self.sampling
-        return RowParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-
-
-def default_stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:
-    """Stop token ids: the tokenizer's eos, the generation config's eos ids, and `<|im_end|>` if known."""
-    ids: set[int] = set()
-    candidates: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    candidates.extend(eos if isinstance(eos, list | tuple) else [eos])
-    if hasattr(tokenizer, "get_vocab"):
-        candidates.append(tokenizer.get_vocab().get("<|im_end|>"))
-    ids.update(int(c) for c in candidates if isinstance(c, int))
-    return ids
-
-
-def _check_request(prompt: list[int] | None, s: SamplingParams, vocab: int, max_len: int) -> str | None:
-    """Why a request cannot run (a message naming the fix), or None when it can."""
-    if not prompt:
-        return "the request has no prompt_ids; a token-level engine needs the prompt as token ids"
-    if len(prompt) >= max_len:
-        return (
-            f"prompt has {len(prompt)} tokens but the engine's context is {max_len} (max_seq_len); "
-            "shorten the conversation or raise max_seq_len"
-        )
-    if min(prompt) < 0 or max(prompt) >= vocab:
-        return f"prompt_ids must lie in [0, {vocab}); got min {min(prompt)}, max {max(prompt)}"
-    if s.max_tokens < 1:
-        return f"max_tokens must be >= 1, got {s.max_tokens}"
-    if s.temperature < 0:
-        return f"temperature must be >= 0 (0 = greedy), got {s.temperature}"
-    if not 0 < s.top_p <= 1:
-        return f"top_p must be in (0, 1], got {s.top_p}"
-    if s.top_k < 0:
-        return f"top_k must be >= 0 (0 = off), got {s.top_k}"
-    return None
 
 
 def _resolve_future(fut: asyncio.Future[Generation], gen: Generation) -> None:
@@ -145,6 +98,9 @@ class TorchEngine:
         max_seq_len: context limit, prompt plus generated tokens (default: the model's
             `max_position_embeddings`, capped at its sliding window if it has one).
         backend: "kv" (fast path; raises if unsupported), "hf" (model's own forward) or "auto".
+        prefix_cache_mb: memory for finished turns' keys/values, so that the next turn of a
+            conversation (same tokens plus a suffix) prefills only the suffix. 0 turns it off;
+            the fast path only. Entries are dropped whenever the weights change.
     """
 
     token_level = True
@@ -160,30 +116,40 @@ class TorchEngine:
         stop_token_ids: list[int] | None = None,
         max_seq_len: int | None = None,
         backend: Backend = "auto",
+        prefix_cache_mb: int = 1024,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if next(model.parameters()).device != device:
             model.to(device)
-        self.model = model
+        self.model: Any = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = device
         self.seed = seed
         self.stop_token_ids = (
-            set(stop_token_ids) if stop_token_ids is not None else default_stop_ids(model, tokenizer)
+            set(stop_token_ids)
+            if stop_token_ids is not None
+            else default_stop_ids(model, tokenizer)
         )
         self.max_seq_len = max_seq_len or self._default_max_len(model)
-        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        hf_model: Any = model  # nn.Module attributes are untyped for mypy
+        self.vocab_size = int(hf_model.get_input_embeddings().weight.shape[0])
         self.backend: KVBackend = self._make_backend(backend)
         self.stats = EngineStats()
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
         self._cond = threading.Condition()
-        self._waiting: deque[_Sequence] = deque()
-        self._active: list[_Sequence] = []  # index i lives in KV slot i
+        self._waiting: deque[SequenceState] = deque()
+        self._active: list[SequenceState] = []  # index i lives in KV slot i
         self._closed = False
         self._arrivals = 0
+        self._epoch = 0  # bumped whenever the weights change
+        self._prefix = (
+            PrefixCache(prefix_cache_mb * 2**20)
+            if prefix_cache_mb > 0 and self.backend.supports_prefix
+            else None
+        )
         self._thread = threading.Thread(target=self._loop, name="looprl-torch-engine", daemon=True)
         self._thread.start()
 
@@ -220,10 +186,8 @@ class TorchEngine:
         fut: asyncio.Future[Generation] = loop.create_future()
 
         def on_done(gen: Generation) -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the caller's loop closed: nobody waits
                 loop.call_soon_threadsafe(_resolve_future, fut, gen)
-            except RuntimeError:  # the caller's loop has closed; nobody is waiting
-                pass
 
         seq = self._submit(request.prompt_ids, request.sampling, on_done)
         try:
@@ -264,8 +228,23 @@ class TorchEngine:
             for name, param in targets.items():
                 src = state[name]
                 if src.shape != param.shape:
-                    raise ValueError(f"sync_weights: {name} has shape {tuple(src.shape)}, expected {tuple(param.shape)}")
+                    raise ValueError(
+                        f"sync_weights: {name} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
+                    )
                 param.copy_(src)
+            self._epoch += 1
+            if self._prefix is not None:
+                self._prefix.clear()
+
+    def release_memory(self) -> bool:
+        """Free the KV cache if nothing is generating (e.g. during a training step); True if freed."""
+        with self.weights_lock:
+            if self._active:
+                return False
+            self.backend.release()
+            if self._prefix is not None:
+                self._prefix.clear()
+            return True
 
     def shutdown(self) -> None:
         """Stop the worker thread; pending requests finish with an error. Blocking."""
@@ -280,10 +259,13 @@ class TorchEngine:
 
     # --- submission -------------------------------------------------------------------------
     def _submit(
-        self, prompt: list[int] | None, sampling: SamplingParams, on_done: Callable[[Generation], None]
-    ) -> _Sequence | None:
+        self,
+        prompt: list[int] | None,
+        sampling: SamplingParams,
+        on_done: Callable[[Generation], None],
+    ) -> SequenceState | None:
         """Queue one request, or answer it at once with an error Generation if it cannot run."""
-        problem = _check_request(prompt, sampling, self.vocab_size, self.max_seq_len)
+        problem = check_request(prompt, sampling, self.vocab_size, self.max_seq_len)
         if problem is None and self._closed:
             problem = "the engine is closed; create a new TorchEngine"
         if problem is not None or prompt is None:
@@ -293,7 +275,7 @@ class TorchEngine:
             arrival = self._arrivals
             self._arrivals += 1
             key = sampling.seed if sampling.seed is not None else f"arrival-{arrival}"
-            seq = _Sequence(
+            seq = SequenceState(
                 prompt=list(prompt),
                 sampling=sampling,
                 rng=random.Random(f"{self.seed}:{key}"),
@@ -305,7 +287,7 @@ class TorchEngine:
         return seq
 
     # --- worker -----------------------------------------------------------------------------
-    def _next_admissions(self) -> list[_Sequence] | None:
+    def _next_admissions(self) -> list[SequenceState] | None:
         """Block until there is work; return the waiting requests that fit (None when closing)."""
         with self._cond:
             while not self._closed and not self._waiting and not self._active:
@@ -322,62 +304,87 @@ class TorchEngine:
             while (admitted := self._next_admissions()) is not None:
                 start = time.perf_counter()
                 with self.weights_lock:
-                    self._drop_cancelled()
-                    if admitted:
-                        try:
-                            self._admit(admitted)
-                        except Exception as exc:  # e.g. out of memory: fail these requests only
-                            logger.exception("TorchEngine: prefill failed")
-                            self._fail(admitted, f"prefill failed: {exc!r}", remove=True)
-                    if self._active:
-                        try:
-                            self._decode_step()
-                        except Exception as exc:
-                            logger.exception("TorchEngine: decoding step failed")
-                            self._fail(list(self._active), f"decoding failed: {exc!r}", remove=True)
+                    self._step(admitted)
                 self.stats.busy_seconds += time.perf_counter() - start
         with self._cond:
             leftover = list(self._waiting) + self._active
             self._waiting.clear()
         self._active = []
-        self._fail(leftover, "the engine was closed before this request finished", remove=False)
+        self._fail(leftover, "the engine was closed before this request finished")
 
-    def _admit(self, seqs: list[_Sequence]) -> None:
-        """Prefill new sequences into the slots after the active ones and sample their first tokens."""
-        seqs = sorted(seqs, key=lambda s: len(s.prompt))
-        while seqs:
-            width = len(seqs[0].prompt)
-            take = 0
-            while take < len(seqs) and len(seqs[take].prompt) * (take + 1) <= max(
-                PREFILL_TOKEN_BUDGET, width
-            ):
-                take += 1
-            self._prefill_group(seqs[:take])
-            seqs = seqs[take:]
+    def _step(self, admitted: list[SequenceState]) -> None:
+        """One scheduler iteration: free cancelled slots, prefill newcomers, decode everyone."""
+        if admitted:
+            try:
+                self._drop_cancelled()
+                self._admit(admitted)
+            except Exception as exc:  # e.g. out of memory: fail the newcomers only
+                logger.exception("TorchEngine: prefill failed")
+                self._fail(admitted, f"prefill failed: {exc!r}")
+        if self._active:
+            try:
+                self._drop_cancelled()
+                self._decode_step()
+            except Exception as exc:
+                logger.exception("TorchEngine: decoding step failed")
+                self._fail(list(self._active), f"decoding failed: {exc!r}")
 
-    def _prefill_group(self, seqs: list[_Sequence]) -> None:
-        """Prefill one group; identical prompts are computed once and their cache rows copied."""
-        first = len(self._active)
-        originals: list[_Sequence] = []
-        copies: list[tuple[_Sequence, int]] = []  # (sequence, row of its original in the batch)
-        row_of: dict[tuple[int, ...], int] = {}
+    def _admit(self, seqs: list[SequenceState]) -> None:
+        """Prefill new sequences into the slots after the active ones and sample their first tokens.
+
+        Identical prompts (a GRPO group) are computed once; a prompt that continues a finished
+        turn reuses its cached keys/values. Shortest work first, in forwards of at most
+        PREFILL_TOKEN_BUDGET padded tokens (one longer prompt still goes alone).
+        """
+        if self._prefix is not None and self._prefix.check_weights(self.model):
+            self._epoch += 1
+        by_prompt: dict[tuple[int, ...], list[SequenceState]] = {}
         for s in seqs:
-            key = tuple(s.prompt)
-            if key in row_of:
-                copies.append((s, row_of[key]))
-            else:
-                row_of[key] = len(originals)
-                originals.append(s)
-        self.backend.reserve(first + len(seqs), max(len(s.prompt) for s in originals))
-        logits = self.backend.prefill([s.prompt for s in originals], first)  # (originals, V)
+            s.epoch = self._epoch
+            by_prompt.setdefault(tuple(s.prompt), []).append(s)
+        groups = list(by_prompt.values())
+        if self._prefix is not None and self._prefix.entries:
+            for g in groups:
+                g[0].prefix = self._prefix.take(g[0].prompt)
+
+        def work(g: list[SequenceState]) -> int:
+            return len(g[0].prompt) - (g[0].prefix[0] if g[0].prefix else 0)
+
+        groups.sort(key=work)
+        while groups:
+            budget = max(PREFILL_TOKEN_BUDGET, work(groups[0]))
+            take = 1
+            while take < len(groups) and work(groups[take]) * (take + 1) <= budget:
+                take += 1
+            self._prefill(groups[:take])
+            groups = groups[take:]
+
+    def _prefill(self, groups: list[list[SequenceState]]) -> None:
+        """Prefill one prompt per group; the rest of each group copies its original's cache."""
+        first = len(self._active)
+        originals = [g[0] for g in groups]
+        copies = [(s, row) for row, g in enumerate(groups) for s in g[1:]]
+        longest = max(len(s.prompt) for s in originals)
+        self.backend.reserve(first + len(originals) + len(copies), longest)
+        starts = []
+        for row, s in enumerate(originals):
+            reused = 0
+            if s.prefix is not None:
+                reused, entry = s.prefix
+                self.backend.import_slot(first + row, entry.keys, entry.values, reused)
+                s.prefix = None
+                self.stats.prefix_hits += 1
+            starts.append(reused)
+        logits = self.backend.prefill([s.prompt for s in originals], first, starts)  # (orig, V)
         for j, (s, row) in enumerate(copies):
-            self.backend.move_slot(first + row, first + len(originals) + j, len(s.prompt))
+            self.backend.copy_slot(first + row, first + len(originals) + j, len(s.prompt))
         placed = originals + [s for s, _ in copies]
         for s in placed:
             s.cache_len = len(s.prompt)
             self.stats.requests += 1
             self.stats.prompt_tokens += len(s.prompt)
-        self.stats.prefill_tokens_saved += sum(len(s.prompt) for s, _ in copies)
+        saved = sum(starts) + sum(len(s.prompt) for s, _ in copies)
+        self.stats.prefill_tokens_saved += saved
         self._active.extend(placed)
         rows = list(range(len(originals))) + [row for _, row in copies]
         self._sample_into(first, logits[rows])
@@ -410,17 +417,24 @@ class TorchEngine:
         for slot, reason in sorted(finished, reverse=True):
             self._retire(slot, reason)
 
-    def _finish_reason(self, s: _Sequence) -> FinishReason | None:
+    def _finish_reason(self, s: SequenceState) -> FinishReason | None:
         """'stop' on a stop token or string, 'length' at max_tokens or the context limit, else None."""
         if s.tokens[-1] in self.stop_token_ids or s.watcher.add(s.tokens):
             return "stop"
-        if len(s.tokens) >= s.sampling.max_tokens or len(s.prompt) + len(s.tokens) >= self.max_seq_len:
+        if (
+            len(s.tokens) >= s.sampling.max_tokens
+            or len(s.prompt) + len(s.tokens) >= self.max_seq_len
+        ):
             return "length"
         return None
 
     def _retire(self, slot: int, reason: FinishReason) -> None:
         """Answer the sequence in `slot` and move the last active sequence into its slot."""
         seq = self._active[slot]
+        if self._prefix is not None and not seq.cancelled and seq.epoch == self._epoch:
+            keys, values = self.backend.export_slot(slot, seq.cache_len)
+            tokens = (seq.prompt + seq.tokens)[: seq.cache_len]
+            self._prefix.put(PrefixEntry(tokens=tokens, keys=keys, values=values))
         last = len(self._active) - 1
         if slot != last:
             moved = self._active[last]
@@ -432,11 +446,16 @@ class TorchEngine:
             return
         try:
             text = self.tokenizer.decode(seq.tokens, skip_special_tokens=False)
-            gen = Generation(text=text, token_ids=seq.tokens, logprobs=seq.logprobs, finish_reason=reason)
         except Exception as exc:  # a tokenizer bug must not take the batch down
-            gen = Generation(text="", finish_reason="error", error=f"decoding the text failed: {exc!r}")
-        gen.seconds = time.perf_counter() - seq.started
-        seq.on_done(gen)
+            seq.answer(
+                Generation(
+                    text="", finish_reason="error", error=f"decoding the text failed: {exc!r}"
+                )
+            )
+            return
+        seq.answer(
+            Generation(text=text, token_ids=seq.tokens, logprobs=seq.logprobs, finish_reason=reason)
+        )
 
     def _drop_cancelled(self) -> None:
         """Free the slots of sequences whose callers stopped waiting."""
@@ -444,15 +463,14 @@ class TorchEngine:
             if self._active[slot].cancelled:
                 self._retire(slot, "error")
 
-    def _fail(self, seqs: list[_Sequence], message: str, *, remove: bool) -> None:
-        """Answer `seqs` with an error Generation (and drop them from the active slots)."""
-        if remove:
-            ids = {id(s) for s in seqs}
-            self._active = [s for s in self._active if id(s) not in ids]
-            self.backend.truncate(len(self._active))
-        for s in seqs:
-            if not s.cancelled:
-                gen = Generation(text="", finish_reason="error", error=message)
-                gen.seconds = time.perf_counter() - s.started
-                s.on_done(gen)
+    def _fail(self, seqs: list[SequenceState], message: str) -> None:
+        """Answer `seqs` with an error Generation and drop any of them from the active slots.
 
+        Failed sequences are always the newest admitted or all active ones, so the survivors keep
+        slots `0..n-1`.
+        """
+        failed = {id(s) for s in seqs}
+        self._active = [s for s in self._active if id(s) not in failed]
+        self.backend.truncate(len(self._active))
+        for s in seqs:
+            s.answer(Generation(text="", finish_reason="error", error=message))

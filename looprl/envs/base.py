@@ -128,7 +128,9 @@ class Environment:
             tasks = list(source)
             random.Random(seed * 100_003 + epoch).shuffle(tasks)
         if len(tasks) < size:
-            raise ValueError(f"environment {self.name!r} generated {len(tasks)} tasks, {size} were asked for")
+            raise ValueError(
+                f"environment {self.name!r} generated {len(tasks)} tasks, {size} were asked for"
+            )
         return [self._prepare(t) for t in tasks]
 
     def _prepare(self, task: Task) -> Task:
@@ -153,7 +155,9 @@ class Environment:
     async def cleanup_state(self, state: dict[str, Any]) -> None:
         """Release per-episode resources created in `setup_state`."""
 
-    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+    async def step(
+        self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
+    ) -> StepOutcome:
         """The environment's move after an assistant turn (`messages` ends with it)."""
         raise NotImplementedError
 
@@ -165,7 +169,9 @@ class SingleTurnEnv(Environment):
         limits = kwargs.pop("limits", None) or Limits(max_turns=1)
         super().__init__(limits=limits, **kwargs)
 
-    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+    async def step(
+        self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
+    ) -> StepOutcome:
         """A single-turn episode ends after the first answer."""
         return StepOutcome(done=True)
 
@@ -177,7 +183,9 @@ class MultiTurnEnv(Environment):
         """Messages answering the last assistant turn; return [] to end the episode."""
         raise NotImplementedError("MultiTurnEnv subclasses must implement env_response")
 
-    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+    async def step(
+        self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
+    ) -> StepOutcome:
         """Ask `env_response`; an empty answer (or `state['done']`) ends the episode."""
         reply = await self.env_response(messages, state)
         return StepOutcome(messages=list(reply), done=not reply or bool(state.get("done")))
@@ -201,14 +209,18 @@ class ToolEnv(Environment):
     ) -> None:
         super().__init__(**kwargs)
         self.tools = make_tools(list(tools))
-        self.executor = ToolExecutor(self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars)
+        self.executor = ToolExecutor(
+            self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars
+        )
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI function schemas of this environment's tools."""
         return [t.schema for t in self.tools.values()]
 
-    async def step(self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]) -> StepOutcome:
+    async def step(
+        self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
+    ) -> StepOutcome:
         """Run the turn's tool calls (and answer malformed ones); no calls ends the episode."""
         if not parsed.calls and not parsed.errors:
             return StepOutcome(done=True)

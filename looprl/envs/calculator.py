@@ -50,7 +50,11 @@ def safe_eval(expression: str) -> int | float:
 
 
 def _eval_node(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _eval_node(node.operand)
@@ -106,7 +110,9 @@ def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
         answer = str(safe_eval(expr))
         tid = f"calc-{hashlib.sha256(expr.encode()).hexdigest()[:12]}"
         prompt = [Message(role="user", content=f"What is {expr}?")]
-        tasks.append(Task(id=tid, prompt=prompt, answer=answer, info={"expression": expr}, env="calculator"))
+        tasks.append(
+            Task(id=tid, prompt=prompt, answer=answer, info={"expression": expr}, env="calculator")
+        )
     return tasks
 
 
@@ -144,7 +150,10 @@ def answer_format(episode: EpisodeResult) -> float:
 
 def used_tool(episode: EpisodeResult) -> float:
     """1.0 when the episode made at least one valid tool call (metric)."""
-    return float(episode.num_tool_calls > sum(episode.tool_errors.get(k, 0) for k in _CALL_ERRORS) and episode.num_tool_calls > 0)
+    return float(
+        episode.num_tool_calls > sum(episode.tool_errors.get(k, 0) for k in _CALL_ERRORS)
+        and episode.num_tool_calls > 0
+    )
 
 
 _CALL_ERRORS = ERROR_KINDS
@@ -171,7 +180,11 @@ def load_environment(
         rubric=rubric,
         train_tasks=lambda n, seed: generate_tasks("train", n, seed),
         eval_tasks=lambda n, seed: generate_tasks("eval", n, seed),
-        limits=Limits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn, max_context_tokens=max_context_tokens),
+        limits=Limits(
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_context_tokens=max_context_tokens,
+        ),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )

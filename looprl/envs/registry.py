@@ -16,6 +16,7 @@ BUILTIN = {
     "wordle": "looprl.envs.wordle",
     "reasoning_gym": "looprl.envs.reasoning_gym_env",
     "mixture": "looprl.envs.mixture",
+    "python_math": "looprl.envs.python_math",
 }
 ENTRY_POINT_GROUP = "looprl.environments"
 
@@ -53,13 +54,21 @@ def _import_target(name: str) -> Any:
 def load_environment(name: str, **kwargs: Any) -> Environment:
     """Build an environment: `load_environment(**kwargs)` of the named module or package."""
     target = _import_target(name)
-    factory = target if callable(target) and not hasattr(target, "load_environment") else getattr(target, "load_environment", None)
+    factory = (
+        target
+        if callable(target) and not hasattr(target, "load_environment")
+        else getattr(target, "load_environment", None)
+    )
     if factory is None:
         raise ValueError(f"{name!r} was imported but has no load_environment(**kwargs) function")
     try:
         env = factory(**kwargs)
     except TypeError as exc:
-        raise ValueError(f"load_environment of {name!r} rejected the arguments {sorted(kwargs)}: {exc}") from exc
+        raise ValueError(
+            f"load_environment of {name!r} rejected the arguments {sorted(kwargs)}: {exc}"
+        ) from exc
     if not isinstance(env, Environment):
-        raise TypeError(f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment")
+        raise TypeError(
+            f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment"
+        )
     return env

@@ -21,9 +21,9 @@ import torch
 from looprl.models.cache import build_atomically, cache_root
 from looprl.rendering.templates import CHATML_TOOLS_TEMPLATE
 
-TINY_NAME = "tiny-v1"  # bump the suffix whenever the build below changes its output
+TINY_NAME = "tiny-v2"  # bump the suffix whenever the build below changes its output
 SEED = 1234
-MAX_VOCAB_SIZE = 1536  # an upper bound: merges run out first (1348 tokens in tiny-v1)
+MAX_VOCAB_SIZE = 3072  # an upper bound: merges run out first
 HIDDEN_SIZE = 192
 NUM_LAYERS = 4
 NUM_HEADS = 4
@@ -202,18 +202,27 @@ def synthetic_corpus(seed: int = SEED, conversations: int = 1500) -> list[str]:
         lines.append(" ".join(words[: rng.randint(5, 15)]).capitalize() + rng.choice(".?!"))
     lines.append(" ".join(_WORDS))
     lines.append(json.dumps(CALCULATE_TOOL))
+    # every digit group the pre-tokenizer can produce, twice, so each becomes one token
+    for width in (2, 3):
+        groups = " ".join(f"{i:0{width}d}" for i in range(10**width))
+        lines += [groups, groups]
     return lines
 
 
 def build_tokenizer(seed: int = SEED) -> Any:
-    """Train the byte-level BPE tokenizer (digits split one by one) and wrap it for transformers."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Train the byte-level BPE tokenizer and wrap it for transformers.
+
+    Numbers are cut left to right into groups of at most three digits, each one token (as
+    GPT-4-era tokenizers do): a 4-digit operand is two tokens, and copying an expression into a
+    tool call is a short, unambiguous copy that a tiny model learns quickly.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ]
     )

@@ -94,7 +94,9 @@ class Renderer:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))
         glue_ids = self.encode(_missing_tail(sampled_text, self.closing))
-        return Extension(ok=True, glue_ids=glue_ids, suffix_ids=full_ids[len(prev_ids) :], full_ids=full_ids)
+        return Extension(
+            ok=True, glue_ids=glue_ids, suffix_ids=full_ids[len(prev_ids) :], full_ids=full_ids
+        )
 
     def _assistant_closing(self) -> str:
         """The text the template writes after an assistant message's content."""
@@ -102,7 +104,9 @@ class Renderer:
         text = self.render_text(msgs, add_generation_prompt=False)
         idx = text.rfind(_SENTINEL)
         if idx < 0:
-            raise ValueError("the chat template dropped the assistant content; cannot render exactly")
+            raise ValueError(
+                "the chat template dropped the assistant content; cannot render exactly"
+            )
         return text[idx + len(_SENTINEL) :]
 
 

@@ -9,7 +9,6 @@ dies or stops answering is restarted, and the call in flight ends with `sandbox_
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -19,26 +18,15 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from looprl.sandbox import proto
 from looprl.sandbox.base import ExecResult, Executor, IsolationLevel, IsolationReport, SandboxLimits
 from looprl.sandbox.isolation import child_env, kernel_probe
+from looprl.sandbox.workerproc import WorkerProcess
 
 logger = logging.getLogger("looprl.sandbox")
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-# Import the worker without running looprl/__init__.py (which may import heavy libraries).
-_BOOTSTRAP = """
-import sys, types
-for name, sub in (("looprl", "/looprl"), ("looprl.sandbox", "/looprl/sandbox")):
-    module = types.ModuleType(name)
-    module.__path__ = [sys.argv[1] + sub]
-    sys.modules[name] = module
-from looprl.sandbox.worker import main
-main()
-"""
 _GRACE = 10.0  # seconds a worker may take beyond the call's timeout before it counts as hung
 _UID_SPAN = 65536
 
@@ -80,62 +68,6 @@ class _Session:
     uid: int
     generation: int
     last_used: float
-
-
-class _Worker:
-    """One worker process as the pool sees it."""
-
-    def __init__(self, index: int, uid: int) -> None:
-        self.index = index
-        self.uid = uid
-        self.proc: asyncio.subprocess.Process | None = None
-        self.busy = False
-        self.waiters = 0
-        self.last_used = 0.0
-        self.generation = 0
-        self.features: dict[str, Any] = {}
-
-    async def start(self, python: str, config: dict[str, Any], env: dict[str, str]) -> None:
-        self.proc = await asyncio.create_subprocess_exec(
-            python, "-I", "-c", _BOOTSTRAP, _PACKAGE_ROOT,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env, cwd="/",
-        )  # fmt: skip
-        self.generation += 1
-        hello = await asyncio.wait_for(self.call({**config, "uid": self.uid}), 120)
-        if hello.get("op") != "hello":
-            raise RuntimeError(f"sandbox worker sent {hello!r} instead of its hello")
-        self.features = hello["features"]
-
-    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Send one frame and wait for the answer; ConnectionError if the worker is gone."""
-        assert (
-            self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
-        )
-        try:
-            self.proc.stdin.write(proto.encode(msg))
-            await self.proc.stdin.drain()
-            head = await self.proc.stdout.readexactly(proto.HEADER.size)
-            body = await self.proc.stdout.readexactly(proto.HEADER.unpack(head)[0])
-        except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError) as exc:
-            raise ConnectionError(
-                f"sandbox worker {self.index} exited (code {self.proc.returncode})"
-            ) from exc
-        return dict(proto.decode_body(body))
-
-    async def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(Exception):
-            assert proc.stdin is not None
-            proc.stdin.write(proto.encode({"op": "shutdown"}))
-            await proc.stdin.drain()
-            proc.stdin.close()
-            await asyncio.wait_for(proc.wait(), 3)
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
 
 
 class ForkServerExecutor(Executor):
@@ -180,18 +112,27 @@ class ForkServerExecutor(Executor):
         self.warmup = warmup
         self._uid_base = (1 << 20) + secrets.randbelow(30000) * _UID_SPAN
         self._uid_next = self.n_workers
-        self._workers = [_Worker(i, self._uid_base + i) for i in range(self.n_workers)]
+        self._workers = [WorkerProcess(i, self._uid_base + i) for i in range(self.n_workers)]
         self._sessions: dict[str, _Session] = {}
         self._evicted: dict[str, str] = {}
         self._cond = asyncio.Condition()
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._scratch_root = ""
         self._report = IsolationReport(self.name, "weak", notes=["not started yet: call start()"])
 
     async def start(self) -> None:
-        """Start the workers, probe the isolation from inside a sandbox and log the report."""
+        """Start the workers, probe the isolation from inside a sandbox and log the report.
+
+        Used from another event loop than the one it started in (a second `asyncio.run`), the
+        pool restarts itself there; open sessions are lost (their next call says so).
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            self._adopt_loop()
+        self._loop = loop
         if self._started:
             return
         async with self._start_lock:
@@ -208,8 +149,20 @@ class ForkServerExecutor(Executor):
             log = logger.info if self._report.level == "strong" else logger.warning
             log("%s", self._report.summary())
 
-    async def _start_worker(self, w: _Worker) -> None:
-        env = child_env("/")
+    def _adopt_loop(self) -> None:
+        """Move to a new event loop: fresh asyncio primitives (workers are loop-agnostic, and a
+        reply owed to a call cut off with the old loop is skipped by the next call)."""
+        for w in self._workers:
+            w.busy, w.waiters = False, 0
+        self._cond, self._start_lock = asyncio.Condition(), asyncio.Lock()
+
+    def _forget_sessions(self, w: WorkerProcess, why: str) -> None:
+        for sid in [sid for sid, s in self._sessions.items() if s.worker == w.index]:
+            self._evicted[sid] = why
+            del self._sessions[sid]
+
+    async def _start_worker(self, w: WorkerProcess) -> None:
+        env = child_env("/")  # nothing of the trainer's environment
         config: dict[str, Any] = {
             "op": "config",
             "limits": self.limits.to_dict(),
@@ -275,7 +228,7 @@ class ForkServerExecutor(Executor):
                 return uid
         raise RuntimeError("no free sandbox uid: close sessions you no longer need")
 
-    async def _acquire(self, index: int | None) -> _Worker:
+    async def _acquire(self, index: int | None) -> WorkerProcess:
         async with self._cond:
             while True:
                 if index is not None:
@@ -297,7 +250,7 @@ class ForkServerExecutor(Executor):
             w.last_used = time.monotonic()
             return w
 
-    async def _release(self, w: _Worker) -> None:
+    async def _release(self, w: WorkerProcess) -> None:
         async with self._cond:
             w.busy = False
             self._cond.notify_all()
@@ -306,32 +259,32 @@ class ForkServerExecutor(Executor):
         """The session record (created on first use) and a note if its state was lost earlier."""
         note = self._evicted.pop(session_id, "")
         sess = self._sessions.get(session_id)
-        if sess is None:
-            await self._evict()
+        if sess is None:  # created before any await, so concurrent first calls share it
             counts = [
                 sum(s.worker == w.index for s in self._sessions.values()) for w in self._workers
             ]
             index = counts.index(min(counts))
-            sess = _Session(
-                index, self._allocate_uid(), self._workers[index].generation, time.monotonic()
-            )
+            uid = self._allocate_uid()
+            sess = _Session(index, uid, self._workers[index].generation, time.monotonic())
             self._sessions[session_id] = sess
+            await self._evict(keep=session_id)
+        sess.last_used = time.monotonic()
         return sess, note
 
-    async def _evict(self) -> None:
+    async def _evict(self, keep: str) -> None:
+        """Close sessions idle too long, then the least recently used beyond `max_sessions`."""
         now = time.monotonic()
-        idle = [
-            sid
-            for sid, s in self._sessions.items()
-            if now - s.last_used > self.session_idle_seconds
-        ]
+        others = {sid: s for sid, s in self._sessions.items() if sid != keep}
+        idle = [sid for sid, s in others.items() if now - s.last_used > self.session_idle_seconds]
         for sid in idle:
             await self.close_session(sid)
             self._evicted[sid] = (
                 f"the session was closed after {self.session_idle_seconds:g} s idle"
             )
-        while len(self._sessions) >= self.max_sessions:
-            sid = min(self._sessions, key=lambda k: self._sessions[k].last_used)
+        while len(self._sessions) > self.max_sessions:
+            sid = min(
+                (k for k in self._sessions if k != keep), key=lambda k: self._sessions[k].last_used
+            )
             await self.close_session(sid)
             self._evicted[sid] = (
                 f"the session was closed (more than {self.max_sessions} open sessions)"
@@ -347,20 +300,23 @@ class ForkServerExecutor(Executor):
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         await self.start()
-        note = ""
+        note, sess = "", None
         if session_id is None:
             w = await self._acquire(None)
-            msg: dict[str, Any] = {"op": "exec", "code": code, "timeout": t}
         else:
             sess, note = await self._session(session_id)
             w = await self._acquire(sess.worker)
-            if sess.generation != w.generation:
-                note = note or "the sandbox worker was restarted"
-                sess.generation = w.generation
-            msg = {"op": "session", "sid": session_id, "uid": sess.uid, "code": code, "timeout": t}
         try:
-            reply = await asyncio.wait_for(w.call(msg), t + _GRACE)
-        except (TimeoutError, ConnectionError, proto.ProtocolError) as exc:
+            if w.proc is None or w.broken:  # a failed restart, or a write cut off mid-frame
+                await self._restart(w, keep=session_id)
+            msg: dict[str, Any] = {"op": "exec", "code": code, "timeout": t}
+            if sess is not None:
+                if sess.generation != w.generation:
+                    note = note or "the sandbox worker was restarted"
+                    sess.generation = w.generation
+                msg.update(op="session", sid=session_id, uid=sess.uid)
+            reply = await asyncio.wait_for(w.call(msg, t + _GRACE), w.patience(t + _GRACE))
+        except (TimeoutError, ConnectionError, RuntimeError, proto.ProtocolError) as exc:
             await self._restart(w)
             reason = str(exc) or "the worker did not answer in time"
             return ExecResult(
@@ -380,12 +336,13 @@ class ForkServerExecutor(Executor):
                 ).strip()
         return result
 
-    async def _restart(self, w: _Worker) -> None:
-        """Replace a dead or hung worker (its sessions are lost)."""
+    async def _restart(self, w: WorkerProcess, keep: str | None = None) -> None:
+        """Replace a dead or hung worker; its sessions are lost (`keep` stays registered)."""
         await w.stop()
-        for sid in [sid for sid, s in self._sessions.items() if s.worker == w.index]:
-            self._evicted[sid] = "the sandbox worker holding this session failed"
-            del self._sessions[sid]
+        kept = self._sessions.pop(keep, None) if keep is not None else None
+        self._forget_sessions(w, "the sandbox worker holding this session failed")
+        if kept is not None and keep is not None:
+            self._sessions[keep] = kept
         if not self._closed:
             try:
                 await self._start_worker(w)
@@ -400,7 +357,8 @@ class ForkServerExecutor(Executor):
         w = await self._acquire(sess.worker)
         try:
             if w.generation == sess.generation:
-                await asyncio.wait_for(w.call({"op": "close", "sid": session_id}), _GRACE)
+                msg = {"op": "close", "sid": session_id}
+                await asyncio.wait_for(w.call(msg, _GRACE), w.patience(_GRACE))
         except (TimeoutError, ConnectionError, proto.ProtocolError):
             await self._restart(w)
         finally:

@@ -13,6 +13,7 @@ rebuilt each call (side effects and randomness are re-run). Connection failures,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
@@ -71,9 +72,13 @@ class HttpExecutor(Executor):
         self.url = url.rstrip("/") + "/run_code"
         self.slack = request_timeout_slack
         self._marker = f"__looprl_value_{secrets.token_hex(8)}__"
-        self._client = httpx.AsyncClient(
-            headers=headers, limits=httpx.Limits(max_connections=max_connections), trust_env=False
-        )
+        self._client_args: dict[str, Any] = {
+            "headers": headers,
+            "limits": httpx.Limits(max_connections=max_connections),
+            "trust_env": False,
+        }
+        self._client = httpx.AsyncClient(**self._client_args)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: dict[str, list[str]] = {}
 
     def isolation_report(self) -> IsolationReport:
@@ -107,6 +112,12 @@ class HttpExecutor(Executor):
             "files": {},
             "fetch_files": [],
         }
+        loop = asyncio.get_running_loop()
+        if (
+            self._loop is not None and loop is not self._loop
+        ):  # pooled connections die with their loop
+            self._client = httpx.AsyncClient(**self._client_args)
+        self._loop = loop
         start = time.monotonic()
         try:
             response = await self._client.post(self.url, json=body, timeout=t + self.slack)

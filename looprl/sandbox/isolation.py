@@ -219,18 +219,31 @@ def setup_mounts(
     except OSError as exc:
         umount(staging)
         return {"filesystem_view": f"host (minimal root failed: {exc})"}, None
-    view = f"minimal read-only root ({n} binds), private /proc, tmpfs scratch"
+    proc = "own /proc" if fresh_proc else "host /proc (bound)"
+    view = f"minimal read-only root ({n} binds), {proc}, tmpfs scratch"
     return {"filesystem_view": view, "scratch_tmpfs": True}, "/scratch"
 
 
-def collapse_heap() -> str:
-    """Back the worker's anonymous memory with huge pages (Linux >= 6.1, MADV_COLLAPSE).
+def _anon_memory_kb() -> tuple[int, int]:
+    """(anonymous, anonymous in huge pages) of this process, in kB."""
+    values = {"Anonymous": 0, "AnonHugePages": 0}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in values:
+                values[key] = int(line.split()[1])
+    return values["Anonymous"], values["AnonHugePages"]
 
-    Fewer page-table entries make each fork and each child's exit cheaper. Best effort.
+
+def collapse_heap() -> str:
+    """Back the worker's anonymous memory with huge pages (MADV_HUGEPAGE, MADV_COLLAPSE >= 6.1).
+
+    Fewer page-table entries make each fork and each child's exit cheaper. Best effort; returns
+    how much of the anonymous memory ended up in huge pages.
     """
     madvise = _libc.madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    huge, collapsed = 2 * 1024 * 1024, 0
+    huge = 2 * 1024 * 1024
     with open("/proc/self/maps") as f:
         regions = [line.split() for line in f]
     for fields in regions:
@@ -239,11 +252,13 @@ def collapse_heap() -> str:
             continue
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
         lo, hi = (lo + huge - 1) // huge * huge, hi // huge * huge
-        if (
-            hi > lo and madvise(lo, hi - lo, 14) == 0 and madvise(lo, hi - lo, 25) == 0
-        ):  # HUGEPAGE, COLLAPSE
-            collapsed += hi - lo
-    return f"{collapsed >> 20} MB collapsed" if collapsed else "not available"
+        if hi > lo and madvise(lo, hi - lo, 14) == 0:  # MADV_HUGEPAGE
+            madvise(lo, hi - lo, 25)  # MADV_COLLAPSE (partial success still helps)
+    try:
+        anon, in_huge = _anon_memory_kb()
+    except OSError:
+        return "unknown"
+    return f"{in_huge >> 10} of {anon >> 10} MB anonymous memory in huge pages"
 
 
 def make_scratch(path: str, uid: int | None, disk_mb: int, tmpfs: bool) -> None:
@@ -282,16 +297,21 @@ def child_env(scratch: str) -> dict[str, str]:
     return env
 
 
-def set_limits(limits: dict[str, Any], baseline_vm: int, nproc_extra: int = 0) -> None:
-    """Resource limits with soft = hard so the code cannot raise them again."""
+def set_limits(limits: dict[str, Any], baseline_vm: int | None, nproc_extra: int = 0) -> None:
+    """Resource limits with soft = hard so the code cannot raise them again.
+
+    The address-space limit is `baseline_vm` (the preloaded interpreter) plus `memory_mb`; it is
+    skipped when the baseline is unknown.
+    """
     mb = 1024 * 1024
     pairs = [
-        (resource.RLIMIT_AS, baseline_vm + int(limits["memory_mb"]) * mb),
         (resource.RLIMIT_NPROC, int(limits["max_processes"]) + nproc_extra),
         (resource.RLIMIT_FSIZE, int(limits["max_file_mb"]) * mb),
         (resource.RLIMIT_NOFILE, int(limits["max_open_files"])),
         (resource.RLIMIT_CORE, 0),
     ]
+    if baseline_vm is not None:
+        pairs.append((resource.RLIMIT_AS, baseline_vm + int(limits["memory_mb"]) * mb))
     for which, value in pairs:
         resource.setrlimit(which, (value, value))
 
@@ -305,17 +325,46 @@ def drop_privileges(uid: int) -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def harden_child(policy: dict[str, Any], scratch: str, uid: int | None, persistent: bool) -> None:
-    """Everything a forked child does to itself before it reads its first cell of code."""
+_CHILD_SIGNALS: dict[signal.Signals, Any] = {
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGCHLD: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGXFSZ: signal.SIG_IGN,  # an oversized write fails with EFBIG instead of killing
+}
+
+
+def prepare_worker_process(scratch: str) -> None:
+    """Give the worker the environment and signal dispositions its stateless children need,
+    so that they inherit them instead of paying for them after every fork."""
+    os.environ.clear()
+    os.environ.update(child_env(scratch))
+    for sig, handler in _CHILD_SIGNALS.items():
+        signal.signal(sig, handler)
+
+
+def harden_child(
+    policy: dict[str, Any],
+    scratch: str,
+    uid: int | None,
+    persistent: bool,
+    ruleset_fd: int | None = None,
+) -> None:
+    """Everything a forked child does to itself before it reads its first cell of code.
+
+    `ruleset_fd` is a Landlock ruleset prepared by the worker (stateless calls); without it the
+    child builds one for its own scratch directory (sessions).
+    """
     os.setsid()
     os.chdir(scratch)
     os.umask(0o077)
-    os.environ.clear()
-    os.environ.update(child_env(scratch))
-    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with EFBIG instead
+    env = child_env(scratch)
+    if dict(os.environ) != env:
+        os.environ.clear()
+        os.environ.update(env)
+    for sig, handler in _CHILD_SIGNALS.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
     limits = policy["limits"]
     set_limits(limits, policy["baseline_vm"], policy.get("nproc_extra", 0))
     if persistent:
@@ -326,7 +375,9 @@ def harden_child(policy: dict[str, Any], scratch: str, uid: int | None, persiste
     else:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if policy["landlock_abi"] > 0:
+    if ruleset_fd is not None:
+        landlock.restrict_with(ruleset_fd)
+    elif policy["landlock_abi"] > 0:
         landlock.apply(policy["read_only"], [scratch, "/dev/null"], policy["landlock_abi"])
     filt = policy.get("seccomp")
     if filt is not None:

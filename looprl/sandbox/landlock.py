@@ -125,24 +125,30 @@ class Ruleset:
             os.close(pfd)
         return True
 
-    def restrict_self(self) -> None:
-        """Enforce the ruleset on the calling process (needs no_new_privs or CAP_SYS_ADMIN)."""
-        try:
-            if _syscall(_SYS_RESTRICT_SELF, self.fd, 0) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"landlock_restrict_self failed: {os.strerror(err)}")
-        finally:
-            os.close(self.fd)
+
+def restrict_with(fd: int) -> None:
+    """Enforce a ruleset on the calling process (needs no_new_privs or CAP_SYS_ADMIN), close `fd`."""
+    try:
+        if _syscall(_SYS_RESTRICT_SELF, fd, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"landlock_restrict_self failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
-def apply(read_only: Iterable[str], read_write: Iterable[str], abi: int) -> None:
-    """Build and enforce a ruleset: `read_only` paths readable, `read_write` paths fully usable.
+def build(read_only: Iterable[str], read_write: Iterable[str], abi: int) -> int:
+    """A ruleset fd: `read_only` paths readable, `read_write` paths fully usable, no execution.
 
-    Executing files is granted nowhere. `/dev/null` is treated as read-write when listed there.
+    The fd can be inherited by forked children, each enforcing it with `restrict_with`.
     """
     rules = Ruleset(abi)
     for path in read_only:
         rules.allow(path, READ)
     for path in read_write:
         rules.allow(path, rules.fs & ~EXECUTE)
-    rules.restrict_self()
+    return rules.fd
+
+
+def apply(read_only: Iterable[str], read_write: Iterable[str], abi: int) -> None:
+    """Build a ruleset (see `build`) and enforce it on the calling process."""
+    restrict_with(build(read_only, read_write, abi))

@@ -203,8 +203,11 @@ def serve(
     """Answer cell requests from `ctl_fd` until end of file (one request when not persistent).
 
     Each request is a frame {"code", "cpu_seconds"}; each answer a frame on `res_fd`. A stateless
-    child lowers its CPU-time limit to the request's before running the code, then exits.
+    child lowers its CPU-time limit to the request's before running the code, then exits. The
+    first frame, {"ready": true}, is written before any code runs: a child that dies without
+    it failed during set-up (the sandbox's fault); one that dies after it, the code's.
     """
+    proto.write_frame(res_fd, {"ready": True})
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     cell_no = 0
     while True:

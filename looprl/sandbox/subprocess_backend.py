@@ -25,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from looprl.sandbox.base import ExecResult, Executor, IsolationReport, SandboxLimits
-from looprl.sandbox.forkserver import _PACKAGE_ROOT
 from looprl.sandbox.isolation import child_env
 from looprl.sandbox.supervise import Child, supervise
+from looprl.sandbox.workerproc import PACKAGE_ROOT
 
 logger = logging.getLogger("looprl.sandbox")
 
@@ -39,8 +39,11 @@ for name, sub in (("looprl", "/looprl"), ("looprl.sandbox", "/looprl/sandbox")):
     sys.modules[name] = module
 from looprl.sandbox import isolation, runner
 cfg = json.loads(sys.argv[2])
-with open("/proc/self/statm") as f:
-    vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+try:
+    with open("/proc/self/statm") as f:
+        vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+except OSError:  # no /proc (macOS): no address-space limit
+    vm = None
 isolation.set_limits(cfg["limits"], vm, cfg["nproc_extra"])
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -86,6 +89,8 @@ class SubprocessExecutor(Executor):
         self._threads = ThreadPoolExecutor(
             max_workers=max_concurrency, thread_name_prefix="looprl-sandbox"
         )
+        self._concurrency = max_concurrency
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(max_concurrency)
         self._sessions: dict[str, tuple[subprocess.Popen[bytes], Child, asyncio.Lock]] = {}
         self._drop = os.geteuid() == 0 and all(
@@ -120,12 +125,12 @@ class SubprocessExecutor(Executor):
             "limits": self.limits.to_dict(),
             "persistent": persistent,
             "fds": [res_w, ctl_r],
-            "nproc_extra": 1024 if self._drop else 0,
+            "nproc_extra": 1024,  # shared uid: the process limit is only a loose cap here
         }
         if self._drop:
             os.chown(scratch, _NOBODY, _NOBODY)
         proc = subprocess.Popen(
-            [self.python, "-I", "-c", _BOOTSTRAP, _PACKAGE_ROOT, json.dumps(cfg)],
+            [self.python, "-I", "-c", _BOOTSTRAP, PACKAGE_ROOT, json.dumps(cfg)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=(res_w, ctl_r), cwd=scratch, env=child_env(scratch), start_new_session=True,
             user=_NOBODY if self._drop else None, group=_NOBODY if self._drop else None,
@@ -167,6 +172,11 @@ class SubprocessExecutor(Executor):
         """Run `code` in a new interpreter, or in the session's interpreter."""
         t = self._timeout(timeout)
         loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # asyncio primitives belong to one loop: renew them
+            self._loop, self._slots = loop, asyncio.Semaphore(self._concurrency)
+            self._sessions = {
+                sid: (p, c, asyncio.Lock()) for sid, (p, c, _) in self._sessions.items()
+            }
         async with self._slots:
             try:
                 if session_id is None:

@@ -39,6 +39,8 @@ class Child:
     scratch: str
     persistent: bool
     alive: bool = True
+    reaped: bool = False
+    ready: bool = False
 
     def close(self) -> None:
         """Close every descriptor held for the child."""
@@ -59,20 +61,25 @@ class _Call:
         self.frames = proto.FrameBuffer(max_frame=16 * 1024 * 1024)
         self.result: dict[str, Any] | None = None
         self.bad_frame = ""
+        self.ready = False
 
     @property
     def over(self) -> bool:
+        """True once stdout + stderr passed the hard cap."""
         return len(self.out) + len(self.err) > self.cap
 
     def feed_result(self, data: bytes) -> None:
+        """Add bytes from the result pipe: note the child's "ready" frame, keep the first result."""
         try:
             frames = self.frames.feed(data)
         except proto.ProtocolError as exc:
             self.bad_frame = str(exc)
             return
-        if frames and self.result is None:
-            frame = frames[0]
-            self.result = frame if isinstance(frame, dict) else {"status": "?"}
+        for frame in frames:
+            if frame == {"ready": True} and not self.ready:
+                self.ready = True
+            elif self.result is None:
+                self.result = frame if isinstance(frame, dict) else {"status": "?"}
 
 
 def _read_into(fd: int, sink: bytearray | None, call: _Call) -> bool:
@@ -167,6 +174,7 @@ def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
         _, status, usage = os.wait4(child.pid, 0)
     except ChildProcessError:
         return "killed", "the sandbox process disappeared before finishing"
+    child.reaped = True
     cpu = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -182,8 +190,6 @@ def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
             return "killed", "the code used a forbidden system call and was killed (SIGSYS)"
         return "killed", f"the process was killed by {name}"
     code = os.waitstatus_to_exitcode(status)
-    if code in (70, 71):
-        return "sandbox_error", "the sandbox failed to start (see stderr)"
     return "error", f"the process exited with code {code} before the cell finished (os._exit?)"
 
 
@@ -200,12 +206,14 @@ def supervise(
     start = time.monotonic()
     cap = int(limits["max_output_bytes"])
     call = _Call(cap + _HARD_CAP_SLACK)
+    call.ready = child.ready
     cpu_limit = math.ceil(timeout) + 1
     outcome = (
         "exited"
         if not _send(child, code, cpu_limit)
         else _wait(child, call, start + timeout + grace)
     )
+    child.ready = child.ready or call.ready
     status, message = "ok", ""
     if outcome == "result":
         assert call.result is not None
@@ -216,6 +224,11 @@ def supervise(
     elif outcome == "exited":
         child.alive = False
         status, message = _death(child, cpu_limit)
+        if not child.ready:  # it died before any code ran: set-up failed, not the code
+            status, message = (
+                "sandbox_error",
+                f"the sandbox failed to start ({message}); see stderr",
+            )
     else:
         child.alive = False
         _kill(child.pid)
@@ -227,6 +240,8 @@ def supervise(
             "output": ("output_limit", f"output passed the {cap}-byte limit; the run was stopped"),
             "protocol": ("error", "the code tampered with the sandbox's result channel"),
         }[outcome]
+        if not child.ready:  # stuck before any code ran
+            status, message = "sandbox_error", "the sandbox did not start in time"
     value = call.result.get("value") if call.result and outcome == "result" else None
     truncated = len(call.out) > cap or len(call.err) > cap or status == "output_limit"
     return {

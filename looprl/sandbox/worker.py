@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from looprl.sandbox import isolation, proto, runner, seccomp
+from looprl.sandbox import isolation, landlock, proto, runner, seccomp
 from looprl.sandbox.supervise import Child, supervise, wait_gone
 
 
@@ -56,6 +56,11 @@ class Worker:
             seccomp=f"{filt.length}-instruction filter ({filt.arch})" if filt else "unavailable",
             pidfd=probe["pidfd"],
         )
+        self.call_scratch = os.path.join(self.slot, "call")  # the same path for every call
+        self.ruleset: int | None = None
+        if probe["landlock_abi"]:
+            rw = [self.slot, "/dev/null"]
+            self.ruleset = landlock.build(self.policy["read_only"], rw, probe["landlock_abi"])
         self.spare: Child | None = None
         self.last_child: Child | None = None
         self.sessions: dict[str, Child] = {}
@@ -72,22 +77,21 @@ class Worker:
             scratch = os.path.join(self.scratch_root, f"s{self.counter}")
             isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
         else:
-            scratch = os.path.join(self.slot, f"c{self.counter}")
+            scratch = self.call_scratch
             isolation.make_scratch(scratch, uid, 0, tmpfs=False)
         self.policy["baseline_vm"] = self._baseline_vm()
         ctl_r, ctl_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        fds = [os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r]
+        ruleset = None if persistent else self.ruleset
         pid = os.fork()
         if pid == 0:  # the child: never returns
             _child_main(
-                [os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r],
-                self,
-                scratch,
-                uid,
-                persistent,
+                fds + ([ruleset] if ruleset is not None else []), self, scratch, uid, persistent
             )
+        os.close(fds[0])
         for fd in (ctl_r, res_w, out_w, err_w):
             os.close(fd)
         for fd in (res_r, out_r, err_r):
@@ -100,7 +104,11 @@ class Worker:
         uid = child.uid
         if uid is not None and not keep_self:
             _kill_uid(uid)
-            wait_gone(lambda: _uid_alive(uid), _reap)
+            if not child.reaped:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(child.pid, 0)  # block (no polling) until its exit is complete
+                child.reaped = True
+            wait_gone(lambda: _uid_alive(uid), _reap)  # then anything it started
             return
         victims = _descendants(child.pid) | self._strays()
         if not keep_self:
@@ -190,14 +198,19 @@ class Worker:
 def _child_main(
     fds: list[int], worker: Worker, scratch: str, uid: int | None, persistent: bool
 ) -> None:
-    """Body of a forked child: move pipes to fds 0-4, harden, serve cells; always os._exit."""
+    """Body of a forked child: move fds into place, harden, serve cells; always os._exit.
+
+    `fds` are stdin, stdout, stderr, result, control, and optionally a Landlock ruleset; they
+    become descriptors 0, 1, 2, 3, 4 (and 5); every other descriptor is closed.
+    """
     code = 70
     try:
         high = [os.dup(fd) for fd in fds]  # dups land above the originals, so no clobbering below
         for target, fd in enumerate(high):
             os.dup2(fd, target)
-        os.closerange(5, 1 << 16)
-        isolation.harden_child(worker.policy, scratch, uid, persistent)
+        os.closerange(len(fds), 1 << 16)
+        ruleset = 5 if len(fds) > 5 else None
+        isolation.harden_child(worker.policy, scratch, uid, persistent, ruleset)
         code = 71
         runner.serve(worker.limits, persistent)
     except BaseException as exc:  # noqa: BLE001 - report any setup failure through stderr
@@ -216,7 +229,10 @@ def _kill(pid: int) -> None:
 
 
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process whose real uid is `uid`: `kill(-1)` with only that uid's rights."""
+    """SIGKILL every process whose real uid is `uid`: `kill(-1)` with only that uid's rights.
+
+    Changing the effective uid clears the parent-death signal, so it is armed again after.
+    """
     os.setresuid(uid, uid, 0)
     try:
         os.kill(-1, signal.SIGKILL)
@@ -224,17 +240,19 @@ def _kill_uid(uid: int) -> None:
         pass
     finally:
         os.setresuid(0, 0, 0)
+        isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _uid_alive(uid: int) -> bool:
-    """True while some process (a zombie included) still has real uid `uid` (read from /proc)."""
-    prefix = b"Uid:\t%d\t" % uid
+    """True while some process (a zombie included) still runs as `uid`.
+
+    Sandbox children stay dumpable, so /proc/<pid> is owned by their uid (zombies too).
+    """
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open(f"/proc/{name}/status", "rb") as f:
-                    if any(line.startswith(prefix) for line in f):
-                        return True
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    return True
             except OSError:
                 continue
     return False
@@ -358,8 +376,10 @@ def main() -> None:
     except OSError:
         features["subreaper"] = False
     _preload(config.get("preload", []), config.get("warmup", True))
-    features["hugepages"] = isolation.collapse_heap()
+    if config.get("hugepages", True):
+        features["hugepages"] = isolation.collapse_heap()
     worker = Worker(config, features)
+    isolation.prepare_worker_process(worker.call_scratch)
     worker.spare = worker.spawn(worker.uid, persistent=False)
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
     serve_pool(worker)

@@ -41,12 +41,22 @@ def group_advantages(
     for g in usable:
         by_size.setdefault(len(g), []).append(g)
     samples: list[Sample] = []
-    stats: dict[str, float] = {"groups_used": float(len(usable)), "zero_var_frac": 0.0, "keep_frac": 0.0}
+    stats: dict[str, float] = {
+        "groups_used": float(len(usable)),
+        "zero_var_frac": 0.0,
+        "keep_frac": 0.0,
+    }
     for gi, (_size, same) in enumerate(sorted(by_size.items())):
-        rewards = torch.tensor([[ep.reward for ep in g] for g in same], dtype=torch.float32)  # (N, G)
-        lengths = torch.tensor([[ep.num_generated_tokens for ep in g] for g in same], dtype=torch.float32)
+        rewards = torch.tensor(
+            [[ep.reward for ep in g] for g in same], dtype=torch.float32
+        )  # (N, G)
+        lengths = torch.tensor(
+            [[ep.num_generated_tokens for ep in g] for g in same], dtype=torch.float32
+        )
         truncated = torch.tensor([[ep.truncated for ep in g] for g in same])
-        res = objective_advantages(algo, rewards, lengths=lengths, truncated=truncated, max_len=max_len)
+        res = objective_advantages(
+            algo, rewards, lengths=lengths, truncated=truncated, max_len=max_len
+        )
         weight = len(same) / max(1, len(usable))
         stats["zero_var_frac"] += res.stats["zero_variance_group_frac"] * weight
         stats["keep_frac"] += res.stats["keep_frac"] * weight
@@ -58,7 +68,15 @@ def group_advantages(
                 for seg in ep.trajectories:
                     if seg.num_sampled:
                         samples.append(
-                            Sample(seg.token_ids, seg.mask, seg.logprobs, float(adv[n, k]), float(res.rewards[n, k]), ep.truncated, gi * 100_000 + n)
+                            Sample(
+                                seg.token_ids,
+                                seg.mask,
+                                seg.logprobs,
+                                float(adv[n, k]),
+                                float(res.rewards[n, k]),
+                                ep.truncated,
+                                gi * 100_000 + n,
+                            )
                         )
     return samples, stats
 
@@ -114,7 +132,9 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
         lps[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None].expand(b, t_max - 1)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None].expand(
+        b, t_max - 1
+    )
     return Batch(
         input_ids=ids.to(device),
         attention_mask=attn.to(device),
@@ -149,7 +169,9 @@ def forward_logprobs(
         use_cache=False,
     )
     logits = out.logits[:, :-1, :].float() / temperature  # (B, T-1, V)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)  # (B, T-1)
+    logprobs = (
+        torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
+    )  # (B, T-1)
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T-1)

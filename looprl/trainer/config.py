@@ -17,23 +17,41 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     """Which model to train."""
 
-    name: str = Field("tiny", description="tiny, smollm2-135m, or a local Hugging Face model directory")
-    lora: bool = Field(False, description="train a LoRA adapter through PEFT instead of all weights")
+    name: str = Field(
+        "tiny", description="tiny, smollm2-135m, or a local Hugging Face model directory"
+    )
+    lora: bool = Field(
+        False, description="train a LoRA adapter through PEFT instead of all weights"
+    )
     lora_r: int = Field(16, ge=1, description="LoRA rank (16: a common default for small models)")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha (2x rank, the usual choice)")
-    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (0: RL updates are already noisy)")
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1, description="LoRA dropout (0: RL updates are already noisy)"
+    )
     lora_targets: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
         description="module names LoRA adapts (all linear layers, as in the QLoRA paper)",
     )
-    gradient_checkpointing: bool = Field(False, description="trade compute for memory on long sequences")
+    gradient_checkpointing: bool = Field(
+        False, description="trade compute for memory on long sequences"
+    )
 
 
 class EnvSection(_Section):
     """Which environment to train on (or a mixture of several)."""
 
     name: str = Field("calculator", description="environment name, module path or .py file")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments to load_environment")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="arguments to load_environment"
+    )
 
 
 class RolloutSection(_Section):
@@ -41,33 +59,57 @@ class RolloutSection(_Section):
 
     tasks_per_step: int = Field(16, ge=1, description="prompts per step (groups)")
     rollouts_per_task: int = Field(4, ge=1, description="G: samples per prompt (GRPO groups)")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (1.0: sample the policy itself)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1.0 = off, keeps ratios unbiased)")
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature (1.0: sample the policy itself)"
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling (1.0 = off, keeps ratios unbiased)"
+    )
     top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
-    max_tokens: int | None = Field(None, ge=1, description="max new tokens per turn (default: the environment's)")
+    max_tokens: int | None = Field(
+        None, ge=1, description="max new tokens per turn (default: the environment's)"
+    )
     max_concurrent_groups: int = Field(64, ge=1, description="groups rolled out at once")
-    max_refill_rounds: int = Field(3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups")
+    max_refill_rounds: int = Field(
+        3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups"
+    )
 
 
 class AlgorithmSection(_Section):
     """The RL algorithm: a preset plus field overrides (see looprl/algorithms/presets.py)."""
 
-    preset: str = Field("grpo", description="grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp or ppo")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="AlgorithmConfig fields to override")
-    updates_per_batch: int = Field(1, ge=1, description="optimizer passes over each batch (PPO epochs)")
+    preset: str = Field(
+        "grpo", description="grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp or ppo"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="AlgorithmConfig fields to override"
+    )
+    updates_per_batch: int = Field(
+        1, ge=1, description="optimizer passes over each batch (PPO epochs)"
+    )
 
 
 class OptimSection(_Section):
     """Optimizer and schedule."""
 
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (1e-6..1e-5 for pretrained models in GRPO recipes)")
+    lr: float = Field(
+        1e-5,
+        gt=0,
+        description="AdamW learning rate (1e-6..1e-5 for pretrained models in GRPO recipes)",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay (0: TRL GRPO default)")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1")
-    beta2: float = Field(0.99, ge=0, lt=1, description="AdamW beta2 (0.99: common in RL fine-tuning)")
+    beta2: float = Field(
+        0.99, ge=0, lt=1, description="AdamW beta2 (0.99: common in RL fine-tuning)"
+    )
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
-    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warm-up")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="decay after warm-up"
+    )
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
-    value_lr: float | None = Field(None, gt=0, description="learning rate of the PPO value head (default: 10x lr)")
+    value_lr: float | None = Field(
+        None, gt=0, description="learning rate of the PPO value head (default: 10x lr)"
+    )
 
 
 class TrainerSection(_Section):
@@ -75,14 +117,24 @@ class TrainerSection(_Section):
 
     steps: int = Field(100, ge=1, description="training steps")
     seed: int = Field(0, description="seed of tasks, sampling and initialisation")
-    micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one forward/backward micro-batch")
-    one_step_ahead: bool = Field(False, description="generate batch n+1 while training on batch n (importance correction on)")
-    eval_every: int = Field(10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)")
+    micro_batch_tokens: int = Field(
+        8192, ge=64, description="token budget of one forward/backward micro-batch"
+    )
+    one_step_ahead: bool = Field(
+        False, description="generate batch n+1 while training on batch n (importance correction on)"
+    )
+    eval_every: int = Field(
+        10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
+    )
     eval_tasks: int = Field(64, ge=1, description="held-out tasks per evaluation")
     eval_rollouts: int = Field(1, ge=1, description="samples per held-out task")
     eval_temperature: float = Field(1.0, ge=0, description="sampling temperature during evaluation")
-    early_stop_metric: str | None = Field(None, description="metric key (e.g. eval/reward) that stops training")
-    early_stop_value: float | None = Field(None, description="stop once early_stop_metric >= this value")
+    early_stop_metric: str | None = Field(
+        None, description="metric key (e.g. eval/reward) that stops training"
+    )
+    early_stop_value: float | None = Field(
+        None, description="stop once early_stop_metric >= this value"
+    )
     save_every: int = Field(10, ge=1, description="checkpoint every N steps")
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
@@ -100,13 +152,13 @@ class RunSection(_Section):
 class TrainConfig(_Section):
     """The whole training configuration (`looprl train CONFIG.toml`)."""
 
-    model: ModelSection = Field(default_factory=ModelSection)
-    env: EnvSection = Field(default_factory=EnvSection)
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
-    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
-    optim: OptimSection = Field(default_factory=OptimSection)
-    trainer: TrainerSection = Field(default_factory=TrainerSection)
-    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=lambda: ModelSection())
+    env: EnvSection = Field(default_factory=lambda: EnvSection())
+    rollout: RolloutSection = Field(default_factory=lambda: RolloutSection())
+    algorithm: AlgorithmSection = Field(default_factory=lambda: AlgorithmSection())
+    optim: OptimSection = Field(default_factory=lambda: OptimSection())
+    trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
+    run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")
     @classmethod
@@ -120,7 +172,9 @@ class TrainConfig(_Section):
     def _early_stop_pair(self) -> TrainConfig:
         t = self.trainer
         if (t.early_stop_metric is None) != (t.early_stop_value is None):
-            raise ValueError("trainer.early_stop_metric and trainer.early_stop_value must be set together")
+            raise ValueError(
+                "trainer.early_stop_metric and trainer.early_stop_value must be set together"
+            )
         return self
 
 
@@ -145,7 +199,9 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
     while i < len(items):
         item = items[i]
         if not item.startswith("--") or "." not in item:
-            raise ConfigError(f"unexpected argument {item!r}; overrides look like --section.field VALUE")
+            raise ConfigError(
+                f"unexpected argument {item!r}; overrides look like --section.field VALUE"
+            )
         key = item[2:]
         if "=" in key:
             key, raw = key.split("=", 1)

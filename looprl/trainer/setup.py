@@ -44,7 +44,9 @@ def wrap_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
     present = {name.split(".")[-1] for name, _ in model.named_modules()}
     targets = [t for t in cfg.model.lora_targets if t in present]
     if not targets:
-        raise ConfigError(f"model.lora_targets: none of {cfg.model.lora_targets} exist in the model")
+        raise ConfigError(
+            f"model.lora_targets: none of {cfg.model.lora_targets} exist in the model"
+        )
     lora = LoraConfig(
         r=cfg.model.lora_r,
         lora_alpha=cfg.model.lora_alpha,
@@ -62,12 +64,13 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from peft.tuners.lora import LoraLayer
 
     out: dict[str, torch.Tensor] = {}
-    base = model.get_base_model()
+    base: Any = model.get_base_model()  # type: ignore[operator]
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            weight = module.get_base_layer().weight.detach()
-            for adapter in module.active_adapters:
-                weight = weight + module.get_delta_weight(adapter).detach()
+            lora: Any = module
+            weight = lora.get_base_layer().weight.detach()
+            for adapter in lora.active_adapters:
+                weight = weight + lora.get_delta_weight(adapter).detach()
             out[f"{name}.weight"] = weight
     for name, tensor in base.state_dict().items():
         clean = name.replace(".base_layer", "")
@@ -80,7 +83,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def engine_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A frozen copy of the policy (merged LoRA) for an engine or reference model."""
     if hasattr(model, "peft_config"):
-        base = copy.deepcopy(model.get_base_model())
+        base = copy.deepcopy(model.get_base_model())  # type: ignore[operator]
         # strip the adapters by loading merged weights into a plain copy of the base architecture
         from transformers import AutoModelForCausalLM
 
@@ -111,11 +114,17 @@ def make_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     groups: list[dict[str, Any]] = [{"params": params, "lr": optim.lr}]
     if value_head is not None:
-        groups.append({"params": list(value_head.parameters()), "lr": optim.value_lr or optim.lr * 10})
-    return torch.optim.AdamW(groups, betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay, eps=1e-8)
+        groups.append(
+            {"params": list(value_head.parameters()), "lr": optim.value_lr or optim.lr * 10}
+        )
+    return torch.optim.AdamW(
+        groups, betas=(optim.beta1, optim.beta2), weight_decay=optim.weight_decay, eps=1e-8
+    )
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, optim: OptimSection, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimSection, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up then constant, linear or cosine decay to zero over `total_steps`."""
 
     def factor(step: int) -> float:

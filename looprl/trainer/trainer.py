@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
 from looprl.evaluation import ResultsWriter, summarize, write_metadata
@@ -33,11 +31,16 @@ def step_seed(seed: int, step: int, tag: str = "train") -> int:
 class Trainer:
     """Owns one training run. `Trainer(cfg).run()` trains, evaluates, checkpoints and exports."""
 
-    def __init__(self, cfg: TrainConfig, *, run_dir: Path | None = None, resume: bool = False) -> None:
+    def __init__(
+        self, cfg: TrainConfig, *, run_dir: Path | None = None, resume: bool = False
+    ) -> None:
         self.cfg = cfg
         self.algo = resolve_algorithm(cfg.algorithm.preset, **cfg.algorithm.overrides)
         self.env = S.load_env(cfg)  # before any heavy work: a bad env name fails fast
-        name = cfg.run.name or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = (
+            cfg.run.name
+            or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         self.run_dir = run_dir or Path(cfg.run.output_dir) / name
         self.resume = resume
         self.step = 0
@@ -65,7 +68,7 @@ class Trainer:
             # sampler and trainer share weights: the correction would be the identity
             self.algo = dataclasses.replace(self.algo, use_tis=False)
         self.renderer = Renderer(self.tokenizer, self.env.tool_schemas)
-        hidden = self.model.config.hidden_size if hasattr(self.model, "config") else None
+        hidden = int(getattr(self.model, "config").hidden_size)  # noqa: B009
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
         self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
         self.optimizer = S.make_optimizer(self.model, self.value_head, cfg.optim)
@@ -81,7 +84,11 @@ class Trainer:
             self._restore()
         else:
             (self.run_dir / "config.json").write_text(json.dumps(self._config_record(), indent=2))
-        self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard, resume_step=self.step if self.resume else None)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.run.tensorboard,
+            resume_step=self.step if self.resume else None,
+        )
         self.eval_tasks = self.env.get_tasks("eval", cfg.trainer.eval_tasks, seed=cfg.trainer.seed)
         self.sampling = SamplingParams(
             max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
@@ -89,7 +96,11 @@ class Trainer:
         )  # fmt: skip
 
     def _config_record(self) -> dict[str, Any]:
-        return {"config": self.cfg.model_dump(), "algorithm": dataclasses.asdict(self.algo), "model": self.cfg.model.name}
+        return {
+            "config": self.cfg.model_dump(),
+            "algorithm": dataclasses.asdict(self.algo),
+            "model": self.cfg.model.name,
+        }
 
     def _restore(self) -> None:
         from looprl.trainer.checkpoint import latest_checkpoint, load_checkpoint
@@ -98,7 +109,13 @@ class Trainer:
         if ckpt is None:
             console.print(f"[yellow]no checkpoint in {self.run_dir}; starting from step 0[/yellow]")
             return
-        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, value_head=self.value_head)
+        state = load_checkpoint(
+            ckpt,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            value_head=self.value_head,
+        )
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         if self.engine_model is not self.model:
             S.copy_weights(self.model, self.engine_model)
@@ -108,7 +125,9 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Train to `trainer.steps` (or early stop); returns the last step's metrics."""
         self._setup()
-        console.print(f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}")
+        console.print(
+            f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
+        )
         console.print_json(json.dumps(self.cfg.model_dump()))
         try:
             return asyncio.run(self._loop())
@@ -150,7 +169,9 @@ class Trainer:
                 self._checkpoint()
                 plot_run(self.run_dir)
             if self._early_stop(metrics):
-                console.print(f"early stop: {cfg.early_stop_metric} reached {metrics[cfg.early_stop_metric or '']:.3f}")
+                console.print(
+                    f"early stop: {cfg.early_stop_metric} reached {metrics[cfg.early_stop_metric or '']:.3f}"
+                )
                 if step % cfg.save_every:
                     self._checkpoint()
                 break
@@ -161,7 +182,9 @@ class Trainer:
         await self.engine.close()
         return last
 
-    async def _collect(self, step: int, cursor: int) -> tuple[list[list[EpisodeResult]], float, int]:
+    async def _collect(
+        self, step: int, cursor: int
+    ) -> tuple[list[list[EpisodeResult]], float, int]:
         """Roll out one batch of groups; with dynamic sampling replace zero-variance groups."""
         rc = self.cfg.rollout
         start = time.perf_counter()
@@ -186,7 +209,10 @@ class Trainer:
     def _tasks(self, cursor: int, n: int) -> list[Task]:
         """`n` training tasks from position `cursor` of the seeded stream (reusing the open stream)."""
         if self._task_stream is None or self._task_stream[0] != cursor:
-            self._task_stream = (cursor, self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor))
+            self._task_stream = (
+                cursor,
+                self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor),
+            )
         it = self._task_stream[1]
         tasks = [next(it) for _ in range(n)]
         self._task_stream = (cursor + n, it)
@@ -212,7 +238,9 @@ class Trainer:
 
     def _rollout_metrics(self, groups: list[list[EpisodeResult]], gen_s: float) -> dict[str, float]:
         episodes = [ep for g in groups for ep in g]
-        summary = summarize(episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s)
+        summary = summarize(
+            episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s
+        )
         out = {
             "reward/mean": summary["reward_mean"],
             "reward/std": summary["reward_std"],
@@ -226,7 +254,9 @@ class Trainer:
             "time/score": sum(ep.timings.get("score", 0.0) for ep in episodes),
         }
         out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
-        for env_name, row in summary.get("per_env", {}).items():  # mixtures: one series per environment
+        for env_name, row in summary.get(
+            "per_env", {}
+        ).items():  # mixtures: one series per environment
             if "reward" in row:
                 out[f"env/{env_name}/reward"] = row["reward"]
             out.update({f"env/{env_name}/{k}": v for k, v in row.get("rewards", {}).items()})
@@ -235,7 +265,9 @@ class Trainer:
     async def _evaluate(self, step: int) -> dict[str, float]:
         """Held-out evaluation; results saved under eval/step_XXXXXX/."""
         cfg = self.cfg.trainer
-        sampling = SamplingParams(**{**self.sampling.to_dict(), "temperature": cfg.eval_temperature})
+        sampling = SamplingParams(
+            **{**self.sampling.to_dict(), "temperature": cfg.eval_temperature}
+        )
         config = RolloutConfig(sampling=sampling, seed=step_seed(cfg.seed, 0, "eval"))
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -249,7 +281,16 @@ class Trainer:
         seconds = time.perf_counter() - t0
         episodes = [ep for g in groups for ep in g]
         summary = summarize(episodes, rollouts_per_task=cfg.eval_rollouts, generate_seconds=seconds)
-        write_metadata(out_dir / "metadata.json", {"kind": "eval", "step": step, "model": self.cfg.model.name, "sampling": sampling.to_dict(), "summary": summary})
+        write_metadata(
+            out_dir / "metadata.json",
+            {
+                "kind": "eval",
+                "step": step,
+                "model": self.cfg.model.name,
+                "sampling": sampling.to_dict(),
+                "summary": summary,
+            },
+        )
         out = {"eval/reward": summary["reward_mean"], "time/eval": seconds}
         out.update({f"eval/{k}": v for k, v in summary["rewards"].items()})
         out.update({f"eval/{k}": v for k, v in summary["pass_at_k"].items()})

@@ -71,7 +71,9 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
         p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device))
         with torch.no_grad():
             if need_old:
-                lp, _, hidden = forward_logprobs(ctx.model, p.batch, ctx.temperature, with_hidden=ctx.value_head is not None)
+                lp, _, hidden = forward_logprobs(
+                    ctx.model, p.batch, ctx.temperature, with_hidden=ctx.value_head is not None
+                )
                 p.old_logprobs = lp
                 if ctx.value_head is not None and hidden is not None:
                     values = ctx.value_head(hidden)  # (B, T-1)
@@ -90,7 +92,9 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
         return {"skipped": 1.0}
     ctx.model.train()
     prepared = _prepare(ctx, samples)
-    norm = batch_normalizer(ctx.algo.aggregation, [p.batch.loss_mask for p in prepared], max_len=ctx.algo.max_len)
+    norm = batch_normalizer(
+        ctx.algo.aggregation, [p.batch.loss_mask for p in prepared], max_len=ctx.algo.max_len
+    )
     totals: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
     for _ in range(ctx.updates_per_batch):

@@ -16,7 +16,10 @@ def load_environment(**kwargs) -> SingleTurnEnv:
     """Single-turn prompts 'Say something #i'; reward = reply length."""
 
     def tasks(n: int, seed: int) -> list[Task]:
-        return [Task(id=f"s{seed}-{i}", prompt=[Message(role="user", content=f"Say something #{i}")]) for i in range(n)]
+        return [
+            Task(id=f"s{seed}-{i}", prompt=[Message(role="user", content=f"Say something #{i}")])
+            for i in range(n)
+        ]
 
     return SingleTurnEnv(
         name="length", rubric=Rubric([reply_length]), train_tasks=tasks, eval_tasks=tasks,

@@ -1,0 +1,177 @@
+"""The `python_math` environment: math word problems solved with a sandboxed Python tool.
+
+Problems come from a seeded generator with exact answers (disjoint train/eval splits by hash
+bucket) or from a user JSONL of `{"question", "answer"}` rows. The model runs code in its own
+persistent sandbox session (ReTool / ToRL style; `session=False` gives the stateless tool) and
+states the final answer as `\\boxed{...}` or `The answer is ...`. Reward: answer equivalence
+checked by `math-verify`. An infrastructure failure of the sandbox (`sandbox_error`) is never
+the model's fault: the reward function raises, so the episode is a scoring error and is left out
+of training statistics instead of being scored 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from looprl.envs.base import Limits, ToolEnv
+from looprl.rubrics import Rubric
+from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
+from looprl.types import EpisodeResult, Message, Task
+
+SYSTEM_PROMPT = (
+    "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
+    "\\boxed{ANSWER}."
+)
+EVAL_BUCKETS = 5
+
+
+def _templates(rng: random.Random) -> tuple[str, Fraction]:
+    """One word problem and its exact answer."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        price, n, paid = rng.randint(3, 49), rng.randint(11, 99), 5000
+        return (f"A pen costs {price} cents. Ana buys {n} pens and pays with {paid} cents. How many cents of change does she get?", Fraction(paid - price * n))
+    if kind == 1:
+        a, b = rng.randint(120, 999), rng.randint(12, 99)
+        return (f"What is the remainder when {a}^3 is divided by {b}?", Fraction(a**3 % b))
+    if kind == 2:
+        n = rng.randint(20, 60)
+        return (f"What is the sum of the squares of the integers from 1 to {n}?", Fraction(n * (n + 1) * (2 * n + 1) // 6))
+    if kind == 3:
+        a, b = rng.randint(2, 30), rng.randint(2, 30)
+        c, d = rng.randint(2, 30), rng.randint(2, 30)
+        return (f"Compute {a}/{b} + {c}/{d} as a reduced fraction.", Fraction(a, b) + Fraction(c, d))
+    n, k = rng.randint(10, 30), rng.randint(2, 6)
+    from math import comb
+
+    return (f"In how many ways can a team of {k} be chosen from {n} people?", Fraction(comb(n, k)))
+
+
+def _fmt(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _split_of(text: str) -> str:
+    return "eval" if int(hashlib.sha256(text.encode()).hexdigest(), 16) % EVAL_BUCKETS == 0 else "train"
+
+
+def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
+    """`n` generated problems of a split; the same (split, seed) gives the same problems."""
+    rng = random.Random(f"python_math-{split}-{seed}")
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    while len(tasks) < n:
+        question, answer = _templates(rng)
+        if _split_of(question) != split or question in seen:
+            continue
+        seen.add(question)
+        tid = "pm-" + hashlib.sha256(question.encode()).hexdigest()[:12]
+        tasks.append(Task(id=tid, prompt=[Message(role="user", content=question)], answer=_fmt(answer), env="python_math"))
+    return tasks
+
+
+def load_dataset(path: Path) -> list[Task]:
+    """Tasks from a JSONL file of `{"question": ..., "answer": ...}` rows."""
+    tasks = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "question" not in row or "answer" not in row:
+            raise ValueError(f'{path}:{i}: each row needs "question" and "answer"')
+        tid = str(row.get("id", f"{path.stem}-{i}"))
+        tasks.append(Task(id=tid, prompt=[Message(role="user", content=row["question"])], answer=str(row["answer"]), env="python_math"))
+    return tasks
+
+
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\s$]+?)\$?\.?\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+def final_answer(episode: EpisodeResult) -> str | None:
+    """The boxed answer (or 'The answer is X') of the last assistant message."""
+    text = next((m.content for m in reversed(episode.messages) if m.role == "assistant"), "")
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return boxed[-1].strip()
+    found = _ANSWER_IS.findall(text)
+    return found[-1].strip() if found else None
+
+
+class SandboxFailure(RuntimeError):
+    """The sandbox itself failed during the episode: not the model's mistake."""
+
+
+def _python_results(episode: EpisodeResult) -> list[str]:
+    return [m.content for m in episode.messages if m.role == "tool" and m.name in ("python", "python_session")]
+
+
+def correct(episode: EpisodeResult) -> float:
+    """1.0 when math-verify finds the final answer equivalent to the reference."""
+    if any(r.startswith("status: sandbox_error") for r in _python_results(episode)):
+        raise SandboxFailure("the sandbox failed during this episode (status sandbox_error)")
+    got = final_answer(episode)
+    if got is None or episode.task.answer is None:
+        return 0.0
+    from math_verify import parse, verify
+
+    gold = parse(f"${episode.task.answer}$")
+    pred = parse(f"${got}$")
+    return float(bool(gold) and bool(pred) and verify(gold, pred))
+
+
+def used_python(episode: EpisodeResult) -> float:
+    """1.0 when the episode ran code at least once (metric)."""
+    return float(bool(_python_results(episode)))
+
+
+def code_errors(episode: EpisodeResult) -> float:
+    """Calls whose code failed (error, timeout, memory, output limit, killed) (metric)."""
+    return float(sum(1 for r in _python_results(episode) if not r.startswith(("status: ok", "status: sandbox_error"))))
+
+
+def load_environment(
+    dataset: str | None = None,
+    eval_dataset: str | None = None,
+    session: bool = True,
+    backend: str = "auto",
+    max_turns: int = 6,
+    max_tokens_per_turn: int = 384,
+    max_context_tokens: int = 4096,
+    **kwargs: Any,
+) -> ToolEnv:
+    """The python_math environment; `dataset`/`eval_dataset` are optional JSONL files."""
+    executor = make_executor(backend)
+    python, python_session = make_python_tools(executor)
+
+    class PythonMathEnv(ToolEnv):
+        """Opens a sandbox session per episode and closes it at the end."""
+
+        async def setup_state(self, task: Task) -> dict[str, Any]:
+            return {"task": task, SESSION_KEY: new_session_id()}
+
+        async def cleanup_state(self, state: dict[str, Any]) -> None:
+            if SESSION_KEY in state:
+                await executor.close_session(state[SESSION_KEY])
+
+    train: Any = load_dataset(Path(dataset)) if dataset else (lambda n, seed: generate_tasks("train", n, seed))
+    evals: Any = load_dataset(Path(eval_dataset)) if eval_dataset else (lambda n, seed: generate_tasks("eval", n, seed))
+    env = PythonMathEnv(
+        name="python_math",
+        tools=[python_session if session else python],
+        tool_timeout=30.0,
+        rubric=Rubric([correct, used_python, code_errors], weights=[1.0, 0.0, 0.0]),
+        train_tasks=train,
+        eval_tasks=evals,
+        limits=Limits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn, max_context_tokens=max_context_tokens),
+        system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+        **kwargs,
+    )
+    env.sandbox = executor  # type: ignore[attr-defined]
+    return env

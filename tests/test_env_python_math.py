@@ -1,0 +1,71 @@
+"""Tier 2: python_math with a scripted engine and the real sandbox; answer checking by math-verify."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from looprl.engines.base import GenerationRequest
+from looprl.engines.scripted import ScriptedEngine
+from looprl.envs.python_math import correct, final_answer, generate_tasks, load_environment
+from looprl.rendering.renderer import Renderer
+from looprl.rollout import run_group
+from looprl.types import EpisodeResult, Message, Task
+
+
+def call(code: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "python_session", "arguments": {"code": code}}) + "\n</tool_call>"
+
+
+def test_splits_disjoint_and_answers_exact():
+    train = {t.prompt[0].content for t in generate_tasks("train", 300, 0)}
+    evals = {t.prompt[0].content for t in generate_tasks("eval", 300, 0)}
+    assert not train & evals
+    frac = next(t for t in generate_tasks("train", 200, 1) if "fraction" in t.prompt[0].content)
+    assert "/" in frac.answer or frac.answer.isdigit()
+
+
+def _ep(answer: str, reply: str, tool_msgs: list[str] = ()) -> EpisodeResult:
+    task = Task(id="t", prompt=[Message(role="user", content="q")], answer=answer)
+    msgs = [*task.prompt, *(Message(role="tool", content=c, name="python_session") for c in tool_msgs)]
+    return EpisodeResult(task=task, messages=[*msgs, Message(role="assistant", content=reply)])
+
+
+def test_answer_equivalence_by_math_verify():
+    assert correct(_ep("3/4", "So \\boxed{0.75}")) == 1.0
+    assert correct(_ep("3/4", "The answer is 6/8.")) == 1.0
+    assert correct(_ep("3/4", "\\boxed{0.7}")) == 0.0
+    assert correct(_ep("3/4", "no idea")) == 0.0
+    assert final_answer(_ep("1", "\\boxed{\\frac{1}{2}}")) == "\\frac{1}{2}"
+
+
+def test_sandbox_failure_is_not_the_models_fault():
+    with pytest.raises(RuntimeError, match="sandbox_error"):
+        correct(_ep("1", "\\boxed{1}", ["status: sandbox_error\nmessage: worker died"]))
+
+
+async def test_session_episode_persists_variables_and_scores(tiny_tokenizer):
+    env = load_environment()
+    task = env.get_tasks("eval", 1, seed=0)[0]
+    answer = task.answer
+
+    def script(req: GenerationRequest) -> str:
+        tools = [m for m in req.messages if m.role == "tool"]
+        if not tools:
+            return call(f"x = {json.dumps(answer)}")
+        if len(tools) == 1:
+            return call("print(x)")
+        if len(tools) == 2:
+            return call("1/0")
+        return f"The result is \\boxed{{{tools[1].content.split('stdout:')[1].strip()}}}"
+
+    try:
+        [ep] = await run_group(env, ScriptedEngine(script, tiny_tokenizer), task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    finally:
+        await env.sandbox.close()
+    tool_msgs = [m.content for m in ep.messages if m.role == "tool"]
+    assert tool_msgs[0].startswith("status: ok") and answer in tool_msgs[1]
+    assert tool_msgs[2].startswith("status: error") and "ZeroDivisionError" in tool_msgs[2]
+    assert ep.rewards == {"correct": 1.0, "used_python": 1.0, "code_errors": 1.0} and not ep.errors
+    assert "session_id" not in json.dumps(env.tool_schemas)
