@@ -120,7 +120,7 @@ def sft_train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if log is not None and (step % 20 == 0 or step == steps - 1):
             log(step + 1, steps, float(loss), time.perf_counter() - t0)
     model.eval()

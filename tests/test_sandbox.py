@@ -341,6 +341,8 @@ async def test_exiting_the_interpreter(box):
     assert r.status == "error" and "SystemExit: 3" in r.message
     r = await box.execute("import os\nprint('bye', flush=True)\nos._exit(4)")
     assert r.status == "error" and "code 4" in r.message and r.stdout == "bye\n", r
+    r = await box.execute("import os\nos._exit(70)")  # no exit code can pass for an infra failure
+    assert r.status == "error" and r.model_fault, r
 
 
 # ---------------------------------------------------------------- time, memory, output, disk

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import pytest
 
-from looprl.sandbox import ForkServerExecutor, SandboxLimits
+from looprl.sandbox import ForkServerExecutor, SandboxLimits, proto
+from looprl.sandbox.supervise import Child, supervise
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the fork-server sandbox is Linux-only"
@@ -84,3 +86,26 @@ async def test_a_cancelled_call_never_answers_the_next_one():
         assert r.status == "ok" and r.stdout == "mine\n", r
     finally:
         await ex.close()
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_only_a_child_that_dies_before_it_is_ready_is_a_sandbox_error(ready):
+    ctl_r, ctl_w = os.pipe()
+    res_r, res_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child whose set-up fails, or whose "code" exits after the ready frame
+        if ready:
+            proto.write_frame(res_w, {"ready": True})
+            proto.read_frame(ctl_r)
+        os._exit(70)
+    for fd in (ctl_r, res_w, out_w, err_w):
+        os.close(fd)
+    for fd in (res_r, out_r, err_r):
+        os.set_blocking(fd, False)
+    child = Child(pid, None, ctl_w, res_r, out_r, err_r, None, "/", persistent=False)
+    result = supervise(child, "pass", 5.0, LIMITS.to_dict())
+    child.close()
+    assert result["status"] == ("error" if ready else "sandbox_error"), result
+    assert not child.alive

@@ -17,6 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +143,8 @@ class ForkServerExecutor(Executor):
                 raise RuntimeError("this executor is closed; create a new one")
             self._scratch_root = tempfile.mkdtemp(prefix="looprl-sandbox-")
             os.chmod(self._scratch_root, 0o711)
+            # removed even if close() is never called (workers exit when their stdin closes)
+            weakref.finalize(self, shutil.rmtree, self._scratch_root, True)
             await asyncio.gather(*(self._start_worker(w) for w in self._workers))
             self._started = True
             probe = await self.execute(PROBE_CODE, timeout=30)
