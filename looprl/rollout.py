@@ -135,7 +135,8 @@ async def _episode_loop(
         turn += 1
         result.num_turns = turn
         if gen.finish_reason == "length":
-            result.truncated, result.stop_reason = True, "max_tokens"
+            context_bound = token_level and budget < limits.max_tokens_per_turn
+            result.truncated, result.stop_reason = True, "max_context" if context_bound else "max_tokens"
             break
         t0 = time.perf_counter()
         outcome = await env.step(messages, parsed, state)

@@ -13,7 +13,7 @@ import torch
 from looprl.models import load_model, resolve_model_path, stop_token_ids, tiny_path
 from looprl.models import loading as loading_mod
 from looprl.models.cache import build_atomically
-from looprl.models.tiny import CALCULATE_TOOL, TOOL_TAGS, build_tiny, synthetic_corpus
+from looprl.models.tiny import CALCULATE_TOOL, TINY_NAME, TOOL_TAGS, build_tiny, synthetic_corpus
 
 BYTE_IDENTICAL = (
     "model.safetensors",
@@ -37,7 +37,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_tiny_build_is_deterministic(tmp_path: Path, cache: Path) -> None:
     """A second build gives byte-identical weights, config and tokenizer files."""
-    first, second = cache / "tiny-v1", build_tiny(tmp_path / "again")
+    first, second = cache / TINY_NAME, build_tiny(tmp_path / "again")
     for name in BYTE_IDENTICAL:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
@@ -52,10 +52,10 @@ def test_tiny_tokenizer(cache: Path) -> None:
     """Special tokens, digit splitting, exact round trip of arbitrary text and the chat template."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cache / "tiny-v1", local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(cache / TINY_NAME, local_files_only=True)
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
     assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|endoftext|>")
-    assert 1000 <= len(tok) <= 2000
+    assert 1000 <= len(tok) <= 1536
     for tag in TOOL_TAGS:
         assert len(tok.encode(tag, add_special_tokens=False)) == 1
     digits = tok.convert_ids_to_tokens(tok.encode("x 3417", add_special_tokens=False))
@@ -76,7 +76,7 @@ def test_tiny_model_forward(cache: Path) -> None:
     """The saved directory loads with AutoModelForCausalLM and gives finite logits of vocab width."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(cache / "tiny-v1", local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(cache / TINY_NAME, local_files_only=True)
     assert model.config.tie_word_embeddings and model.config.num_key_value_heads == 2
     ids = torch.randint(
         0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
@@ -96,12 +96,12 @@ def test_load_model_tiny(cache: Path) -> None:
     assert tok.pad_token_id == 0
     assert stop_token_ids(tok, model) == [2, 0]
     assert model.generation_config.eos_token_id == [2, 0]
-    assert resolve_model_path(" Tiny ") == cache / "tiny-v1"
+    assert resolve_model_path(" Tiny ") == cache / TINY_NAME
 
 
 def test_load_model_local_directory(cache: Path) -> None:
     """A local HF directory loads by path; a directory without config.json is refused."""
-    model, tok = load_model(str(cache / "tiny-v1"), device="cpu")
+    model, tok = load_model(str(cache / TINY_NAME), device="cpu")
     assert model.config.vocab_size == len(tok)
     with pytest.raises(ValueError, match="without config.json"):
         resolve_model_path(str(cache))

@@ -370,16 +370,14 @@ class LlamaKVModel:
         n, dim = tokens.shape[0], self.head_dim
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         span = int(positions.max()) + 1  # cached positions any slot can see
-        hidden = torch.arange(span, device=self.device)[None, :] > positions[:, None]  # (n, L)
-        bias = torch.zeros(n, 1, 1, span, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(hidden[:, None, None, :], float("-inf"))  # (n, 1, 1, L)
+        keys_pos = torch.arange(span, device=self.device)
+        allowed = (keys_pos[None, :] <= positions[:, None])[:, None, None, :]  # (n, 1, 1, L)
         cos, sin = self.cos[positions, None], self.signed_sin[positions, None]  # (n, 1, D)
         rope_q, rope_k = (cos * self.scale, sin * self.scale), (cos, sin)
         # Row of each (slot, kv head, position) in one layer's cache viewed as (S * Hkv * cap, D).
         heads = torch.arange(self.num_kv_heads, device=self.device)
         slot_heads = torch.arange(n, device=self.device)[:, None] * self.num_kv_heads + heads
         rows = (slot_heads * self.k.shape[3] + positions[:, None]).reshape(-1)  # (n * Hkv,)
-        groups = self.num_heads // self.num_kv_heads
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # (n, hidden)
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_layernorm)
@@ -387,10 +385,9 @@ class LlamaKVModel:
             self.k[i].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
             self.v[i].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
             keys, values = self.k[i, :n, :, :span], self.v[i, :n, :, :span]  # (n, Hkv, L, D)
-            q = q.view(n, self.num_kv_heads, groups, dim)  # (n, Hkv, G, D)
-            scores = torch.matmul(q, keys.transpose(-1, -2)) + bias  # (n, Hkv, G, L)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
-            out = torch.matmul(probs, values).reshape(n, -1)  # (n, H*D)
+            out = F.scaled_dot_product_attention(
+                q[:, :, None, :], keys, values, attn_mask=allowed, scale=1.0, enable_gqa=True
+            ).reshape(n, -1)  # (n, H*D)
             h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
         return self._logits(h)
 

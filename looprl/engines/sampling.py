@@ -54,27 +54,53 @@ def _truncated_draw(
     return order.gather(-1, choice[:, None]).squeeze(-1)
 
 
+def _draw_greedy(logp: torch.Tensor, params: list[RowParams], u: torch.Tensor) -> torch.Tensor:
+    """The most likely token of each row."""
+    return torch.argmax(logp, dim=-1)
+
+
+def _draw_plain(logp: torch.Tensor, params: list[RowParams], u: torch.Tensor) -> torch.Tensor:
+    """A draw from the whole distribution of each row."""
+    return _inverse_cdf(logp.exp(), u)
+
+
+def _draw_truncated(logp: torch.Tensor, params: list[RowParams], u: torch.Tensor) -> torch.Tensor:
+    """A draw after each row's top-k / top-p truncation."""
+    return _truncated_draw(logp.exp(), params, u)
+
+
+DRAWS = {"greedy": _draw_greedy, "plain": _draw_plain, "truncated": _draw_truncated}
+
+
+def _kind(p: RowParams) -> str:
+    """Which entry of DRAWS samples this row."""
+    return "greedy" if p.temperature <= 0 else "truncated" if p.truncates else "plain"
+
+
 def sample(
     logits: torch.Tensor, params: list[RowParams], uniforms: list[float]
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row of `logits` (n, V); return token ids and their logprobs.
 
-    `uniforms[i]` in [0, 1) is row i's randomness (ignored for greedy rows).
+    `uniforms[i]` in [0, 1) is row i's randomness (ignored for greedy rows). A batch whose rows
+    are all of one kind (greedy, plain or truncated) is drawn without selecting rows.
     """
     logits = logits.float()
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device)
-    greedy = temps <= 0  # (n,)
-    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)  # (n, V)
-    tokens = torch.argmax(logits, dim=-1)  # (n,) greedy choice
-    u = torch.tensor(uniforms, device=device, dtype=logp.dtype)
-    plain = [i for i, p in enumerate(params) if p.temperature > 0 and not p.truncates]
-    if plain:
-        rows = torch.tensor(plain, device=device)
-        tokens[rows] = _inverse_cdf(logp[rows].exp(), u[rows])
-    cut = [i for i, p in enumerate(params) if p.truncates]
-    if cut:
-        rows = torch.tensor(cut, device=device)
-        tokens[rows] = _truncated_draw(logp[rows].exp(), [params[i] for i in cut], u[rows])
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if any(t != 1.0 for t in temps):
+        logits = logits / torch.tensor(temps, device=device)[:, None]
+    logp = torch.log_softmax(logits, dim=-1)  # (n, V)
+    u = torch.tensor(uniforms, device=device, dtype=logp.dtype)  # (n,)
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(_kind(p), []).append(i)
+    if len(groups) == 1:
+        tokens = DRAWS[next(iter(groups))](logp, params, u)  # (n,)
+    else:
+        tokens = torch.empty(len(params), dtype=torch.long, device=device)
+        for kind, idx in groups.items():
+            rows = torch.tensor(idx, device=device)
+            tokens[rows] = DRAWS[kind](logp[rows], [params[i] for i in idx], u[rows])
     chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)  # (n,)
     return tokens.tolist(), chosen.tolist()

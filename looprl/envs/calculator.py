@@ -1,6 +1,6 @@
 """The calculator environment: multi-operation arithmetic solved with a safe `calculate` tool.
 
-Operands are large enough (2-3 digits, products of them) that a small model cannot work the
+Operands are large enough (3 digits, products of them) that a small model cannot work the
 answer out in its head, so the reward rises only when it learns to call the tool and copy the
 result. Train and eval splits are disjoint by construction: a problem belongs to the eval split
 exactly when a hash of its expression falls in the eval bucket.
@@ -83,12 +83,10 @@ def calculate(expression: str) -> str:
 
 
 def make_problem(rng: random.Random) -> str:
-    """One expression with two or three operations on 2-3 digit operands (e.g. 481 * 37 - 129)."""
-    n_ops = rng.choice([2, 2, 3])
-    terms = [str(rng.randint(10, 999))]
-    for _ in range(n_ops):
-        op = rng.choice(["+", "-", "*"])
-        terms += [op, str(rng.randint(2, 99) if op == "*" else rng.randint(10, 999))]
+    """Two operations on 3-digit operands, e.g. `481 * 372 - 129` (fixed width, variable value)."""
+    terms = [str(rng.randint(100, 999))]
+    for _ in range(2):
+        terms += [rng.choice(["+", "-", "*"]), str(rng.randint(100, 999))]
     return " ".join(terms)
 
 
