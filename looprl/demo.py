@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the whole demo and print the before/after table."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--sft-examples", type=int, default=9600, help="teacher traces (stage 1 sees all of them)")
-    p.add_argument("--full-fraction", type=int, default=15, help="percent of the traces repeated with full prompts")
+    p.add_argument("--sft-examples", type=int, default=9600, help="stage-1 tool drills (short prompts)")
+    p.add_argument("--full-fraction", type=int, default=15, help="stage-2 traces, as a percent of --sft-examples")
     p.add_argument(
         "--tool-rate", type=float, default=0.3, help="how often the teacher uses the tool"
     )
@@ -130,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
-    """Warm-start the tiny model on teacher traces, in two stages.
+    """Warm-start the tiny model on scripted traces, in two stages.
 
-    Stage 1 trains on the traces without the system prompt (about 60 tokens instead of 250), so
-    the many steps it takes to learn copying numbers are cheap; stage 2 continues on the full
-    prompts the environment really shows. Both use the same imperfect teacher.
+    Stage 1 teaches the mechanics (call the tool with the expression copied exactly, copy its
+    result into the answer) on traces without the system prompt (about 50 tokens instead of
+    250), so the few hundred steps copying takes are cheap. Stage 2 continues on full prompts
+    from the imperfect teacher, who uses the tool only `tool_rate` of the time and otherwise
+    guesses: the warm-started model inherits that habit, and RL has to unlearn it.
     """
     from looprl.models.loading import load_model
     from looprl.rendering.renderer import Renderer
@@ -143,21 +145,25 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     from looprl.trainer.setup import seed_everything
 
     env = load_environment()
-    rows = teacher_rows(args.sft_examples, args.seed, args.tool_rate, env.tool_schemas)
+    drills = teacher_rows(args.sft_examples, args.seed, 1.0, env.tool_schemas)
+    n_full = max(1, args.sft_examples * args.full_fraction // 100)
+    rows = teacher_rows(n_full, args.seed + 1, args.tool_rate, env.tool_schemas)
     out.mkdir(parents=True, exist_ok=True)
     (out / "teacher.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     seed_everything(args.seed)
     model, tokenizer = load_model("tiny")
-    short = [{"messages": [m for m in r["messages"] if m["role"] != "system"], "tools": []} for r in rows]
-    n_full = max(1, args.sft_examples * args.full_fraction // 100)
-    stages = [("short prompts", short), ("full prompts", rows[:n_full])]
+    short = [{"messages": [m for m in r["messages"] if m["role"] != "system"], "tools": []} for r in drills]
+    stages = [
+        ("tool drills, short prompts (the teacher always uses the tool)", short),
+        (f"the imperfect teacher, full prompts (tool used {args.tool_rate:.0%} of the time)", rows),
+    ]
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
         console.print(f"sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
 
     for title, data in stages:
         examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), data, tokenizer.eos_token)
-        console.rule(f"SFT on {len(data)} teacher traces, {title} (tool used {args.tool_rate:.0%} of the time)")
+        console.rule(f"SFT on {len(data)} traces: {title}")
         sft_train(model, examples, epochs=1.0, lr=1e-3, batch_size=32, seed=args.seed, log=log)
     sft_dir = out / "sft"
     export_hf(model, tokenizer, sft_dir)

@@ -1,0 +1,80 @@
+"""Seconds per GRPO step on the calculator, split into generate / score / train, and training tokens/s.
+
+Runs a short GRPO job per model and prints the median (min, max) over the steps after the
+first (warm-up). Measures; asserts nothing.
+
+    .venv/bin/python benchmarks/train_step.py --models tiny smollm2-135m --steps 4
+    .venv/bin/python benchmarks/train_step.py --quick          # smoke-sized
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from looprl.trainer.config import load_config
+from looprl.trainer.trainer import Trainer
+
+console = Console()
+KEYS = ("time/generate", "time/score", "time/train", "time/sync", "train_tokens_per_s", "tokens_per_s", "train_tokens")
+
+
+def run(model: str, steps: int, tasks: int, rollouts: int, lora: bool, out: Path) -> list[dict]:
+    """Train `steps` GRPO steps and return the metric rows."""
+    cfg = load_config(
+        None,
+        {
+            "model.name": model, "model.lora": lora, "trainer.steps": steps, "trainer.eval_every": 0,
+            "trainer.eval_tasks": 1, "trainer.save_every": steps, "trainer.save_rollouts": 0,
+            "rollout.tasks_per_step": tasks, "rollout.rollouts_per_task": rollouts,
+            "run.output_dir": str(out), "run.name": f"{Path(model).name}-{'lora' if lora else 'full'}",
+            "run.tensorboard": False,
+        },
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    trainer.run()
+    return [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def fmt(values: list[float]) -> str:
+    """median (min-max)."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def main() -> None:
+    """Benchmark each model and print one table."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["tiny"])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--tasks", type=int, default=16)
+    p.add_argument("--rollouts", type=int, default=8)
+    p.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
+    p.add_argument("--quick", action="store_true", help="2 steps of 2x2 rollouts on tiny (smoke test)")
+    args = p.parse_args()
+    if args.quick:
+        args.models, args.steps, args.tasks, args.rollouts = ["tiny"], 2, 2, 2
+    table = Table(title=f"GRPO step on calculator ({args.tasks} tasks x {args.rollouts} rollouts, {torch.get_num_threads()} threads)")
+    for col in ("model", "s / step", "generate s", "score s", "train s", "train tok/s", "gen tok/s", "trained tokens"):
+        table.add_column(col, justify="right")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            rows = run(model, args.steps, args.tasks, args.rollouts, args.lora, Path(tmp))
+            rows = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
+            total = [r["time/generate"] + r["time/score"] + r["time/train"] + r["time/sync"] for r in rows]
+            table.add_row(
+                model, fmt(total), fmt([r["time/generate"] for r in rows]), fmt([r["time/score"] for r in rows]),
+                fmt([r["time/train"] for r in rows]), fmt([r["train_tokens_per_s"] for r in rows]),
+                fmt([r["tokens_per_s"] for r in rows]), fmt([r["train_tokens"] for r in rows]),
+            )  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
