@@ -153,9 +153,13 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     seed_everything(args.seed)
     model, tokenizer = load_model("tiny")
     short = [{"messages": [m for m in r["messages"] if m["role"] != "system"], "tools": []} for r in drills]
+    # stage 2 keeps drilling (short prompts) beside the full-prompt teacher traces, so learning
+    # the teacher's habit in the real context does not wash out the copying skill
+    mixed = rows + short[: len(rows)]
+    random.Random(args.seed).shuffle(mixed)
     stages = [
         ("tool drills, short prompts (the teacher always uses the tool)", short),
-        (f"the imperfect teacher, full prompts (tool used {args.tool_rate:.0%} of the time)", rows),
+        (f"the imperfect teacher on full prompts (tool used {args.tool_rate:.0%} of the time) + drills", mixed),
     ]
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:

@@ -426,3 +426,26 @@ async def test_lora_model_falls_back_to_its_own_forward(llama):
     )
     await eng.close()
     assert torch.allclose(torch.tensor(g.logprobs), hf_logprobs(lora, p, g.token_ids), atol=1e-4)
+
+
+async def test_tiny_model_chat_turn(tiny):
+    model, tokenizer = tiny
+    eng = TorchEngine(model, tokenizer)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in eng.stop_token_ids
+    msgs = [{"role": "user", "content": "What is 3 + 4?"}]
+    prompt = list(
+        tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
+    g = await eng.generate(
+        GenerationRequest(prompt_ids=prompt, sampling=SamplingParams(max_tokens=40, seed=0))
+    )
+    await eng.close()
+    assert g.finish_reason in ("stop", "length") and g.token_ids
+    if g.finish_reason == "stop":
+        assert g.token_ids[-1] in eng.stop_token_ids
+    assert torch.allclose(
+        torch.tensor(g.logprobs), hf_logprobs(model, prompt, g.token_ids), atol=1e-4
+    )

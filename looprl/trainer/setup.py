@@ -98,15 +98,6 @@ def engine_copy(model: torch.nn.Module) -> torch.nn.Module:
     return out
 
 
-@torch.no_grad()
-def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
-    """Copy the policy's (merged) weights into `target` in place (engine weight sync)."""
-    target_params = dict(target.named_parameters())
-    for name, tensor in merged_state_dict(source).items():
-        if name in target_params:
-            target_params[name].copy_(tensor)
-
-
 def make_optimizer(
     model: torch.nn.Module, value_head: torch.nn.Module | None, optim: OptimSection
 ) -> torch.optim.AdamW:

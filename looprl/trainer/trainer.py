@@ -118,7 +118,7 @@ class Trainer:
         )
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         if self.engine_model is not self.model:
-            S.copy_weights(self.model, self.engine_model)
+            self.engine.sync_weights(S.merged_state_dict(self.model))
         console.print(f"resumed from {ckpt} (step {self.step})")
 
     # ---------------------------------------------------------------- the loop
@@ -233,7 +233,7 @@ class Trainer:
         """Copy the new weights into the engine's copy (free when they share tensors)."""
         t0 = time.perf_counter()
         if self.engine_model is not self.model:
-            S.copy_weights(self.model, self.engine_model)
+            self.engine.sync_weights(S.merged_state_dict(self.model))  # under the engine's lock
         return {"time/sync": time.perf_counter() - t0}
 
     def _rollout_metrics(self, groups: list[list[EpisodeResult]], gen_s: float) -> dict[str, float]:
