@@ -22,7 +22,7 @@ from rich.table import Table
 from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 
-console = Console()
+console = Console(width=200)  # a table, not a terminal layout: never wrap or cut columns
 KEYS = ("time/generate", "time/score", "time/train", "time/sync", "train_tokens_per_s", "tokens_per_s", "train_tokens")
 
 
