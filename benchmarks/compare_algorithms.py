@@ -45,7 +45,9 @@ def run_one(args: argparse.Namespace, preset: str, seed: int) -> list[dict]:
         "run.name": name,
         "run.tensorboard": False,
     }
-    cfg = load_config(Path(__file__).parents[1] / "looprl" / "recipes" / "calculator_tiny.toml", overrides)
+    cfg = load_config(
+        Path(__file__).parents[1] / "looprl" / "recipes" / "calculator_tiny.toml", overrides
+    )
     run_dir = args.out / name
     if (run_dir / "metrics.jsonl").exists() and (run_dir / "final").exists():
         console.print(f"[dim]reusing {run_dir}[/dim]")
@@ -64,8 +66,12 @@ def first_reach(rows: list[dict], key: str, target: float) -> tuple[int | None, 
 
 def main() -> None:
     """Run every preset for every seed and print the comparison."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init", type=Path, default=Path("runs/demo/sft"), help="warm-started model directory")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--init", type=Path, default=Path("runs/demo/sft"), help="warm-started model directory"
+    )
     p.add_argument("--presets", nargs="+", default=sorted(PRESETS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=20)
@@ -77,14 +83,25 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     args = p.parse_args()
     if not (args.init / "config.json").exists():
-        raise SystemExit(f"{args.init} is not a model directory; run `make demo` first or pass --init DIR")
+        raise SystemExit(
+            f"{args.init} is not a model directory; run `make demo` first or pass --init DIR"
+        )
     key = "eval/correct_answer"
     results: dict[str, list[list[dict]]] = {}
     t0 = time.perf_counter()
     for preset in args.presets:
         results[preset] = [run_one(args, preset, seed) for seed in args.seeds]
-    table = Table(title=f"calculator, tiny model, {args.steps} steps x {args.tasks_per_step}x{args.rollouts} rollouts, seeds {args.seeds}")
-    for col in ("preset", "final acc (mean ± std)", "min / max", f"steps to {args.target}", "wall s to target", "s / step"):
+    table = Table(
+        title=f"calculator, tiny model, {args.steps} steps x {args.tasks_per_step}x{args.rollouts} rollouts, seeds {args.seeds}"
+    )
+    for col in (
+        "preset",
+        "final acc (mean ± std)",
+        "min / max",
+        f"steps to {args.target}",
+        "wall s to target",
+        "s / step",
+    ):
         table.add_column(col, justify="right")
     series, bands = {}, {}
     for preset, runs in results.items():
@@ -97,7 +114,9 @@ def main() -> None:
             preset,
             f"{statistics.fmean(finals):.3f} ± {statistics.pstdev(finals):.3f}",
             f"{min(finals):.3f} / {max(finals):.3f}",
-            f"{statistics.fmean(steps):.1f} ({len(steps)}/{len(runs)})" if steps else f"never (0/{len(runs)})",
+            f"{statistics.fmean(steps):.1f} ({len(steps)}/{len(runs)})"
+            if steps
+            else f"never (0/{len(runs)})",
             f"{statistics.fmean(walls):.0f}" if walls else "-",
             f"{per_step:.1f}",
         )
@@ -107,9 +126,23 @@ def main() -> None:
                 if r.get(key) is not None:
                     evals.setdefault(r["step"], []).append(r[key])
         series[preset] = [(s, statistics.fmean(v)) for s, v in sorted(evals.items())]
-        bands[preset] = [(s, statistics.fmean(v) - statistics.pstdev(v), statistics.fmean(v) + statistics.pstdev(v)) for s, v in sorted(evals.items())]
+        bands[preset] = [
+            (
+                s,
+                statistics.fmean(v) - statistics.pstdev(v),
+                statistics.fmean(v) + statistics.pstdev(v),
+            )
+            for s, v in sorted(evals.items())
+        ]
     console.print(table)
-    plot = plot_comparison(series, args.out / "comparison.png", "held-out accuracy by preset (mean ± std over seeds)", "step", "accuracy", bands=bands)
+    plot = plot_comparison(
+        series,
+        args.out / "comparison.png",
+        "held-out accuracy by preset (mean ± std over seeds)",
+        "step",
+        "accuracy",
+        bands=bands,
+    )
     console.print(f"plot: {plot}\ntotal {time.perf_counter() - t0:.0f} s")
 
 

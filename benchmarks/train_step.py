@@ -23,7 +23,15 @@ from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 
 console = Console(width=200)  # a table, not a terminal layout: never wrap or cut columns
-KEYS = ("time/generate", "time/score", "time/train", "time/sync", "train_tokens_per_s", "tokens_per_s", "train_tokens")
+KEYS = (
+    "time/generate",
+    "time/score",
+    "time/train",
+    "time/sync",
+    "train_tokens_per_s",
+    "tokens_per_s",
+    "train_tokens",
+)
 
 
 def run(model: str, steps: int, tasks: int, rollouts: int, lora: bool, out: Path) -> list[dict]:
@@ -50,24 +58,42 @@ def fmt(values: list[float]) -> str:
 
 def main() -> None:
     """Benchmark each model and print one table."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=["tiny"])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--tasks", type=int, default=16)
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
-    p.add_argument("--quick", action="store_true", help="2 steps of 2x2 rollouts on tiny (smoke test)")
+    p.add_argument(
+        "--quick", action="store_true", help="2 steps of 2x2 rollouts on tiny (smoke test)"
+    )
     args = p.parse_args()
     if args.quick:
         args.models, args.steps, args.tasks, args.rollouts = ["tiny"], 2, 2, 2
-    table = Table(title=f"GRPO step on calculator ({args.tasks} tasks x {args.rollouts} rollouts, {torch.get_num_threads()} threads)")
-    for col in ("model", "s / step", "generate s", "score s", "train s", "train tok/s", "gen tok/s", "trained tokens"):
+    table = Table(
+        title=f"GRPO step on calculator ({args.tasks} tasks x {args.rollouts} rollouts, {torch.get_num_threads()} threads)"
+    )
+    for col in (
+        "model",
+        "s / step",
+        "generate s",
+        "score s",
+        "train s",
+        "train tok/s",
+        "gen tok/s",
+        "trained tokens",
+    ):
         table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             rows = run(model, args.steps, args.tasks, args.rollouts, args.lora, Path(tmp))
             rows = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
-            total = [r["time/generate"] + r["time/score"] + r["time/train"] + r["time/sync"] for r in rows]
+            total = [
+                r["time/generate"] + r["time/score"] + r["time/train"] + r["time/sync"]
+                for r in rows
+            ]
             table.add_row(
                 model, fmt(total), fmt([r["time/generate"] for r in rows]), fmt([r["time/score"] for r in rows]),
                 fmt([r["time/train"] for r in rows]), fmt([r["train_tokens_per_s"] for r in rows]),

@@ -103,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the whole demo and print the before/after table."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--sft-examples", type=int, default=9600, help="stage-1 tool drills (short prompts)")
-    p.add_argument("--full-fraction", type=int, default=15, help="stage-2 traces, as a percent of --sft-examples")
+    p.add_argument(
+        "--sft-examples", type=int, default=9600, help="stage-1 tool drills (short prompts)"
+    )
+    p.add_argument(
+        "--full-fraction",
+        type=int,
+        default=15,
+        help="stage-2 traces, as a percent of --sft-examples",
+    )
     p.add_argument(
         "--tool-rate", type=float, default=0.3, help="how often the teacher uses the tool"
     )
@@ -152,21 +159,29 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     (out / "teacher.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     seed_everything(args.seed)
     model, tokenizer = load_model("tiny")
-    short = [{"messages": [m for m in r["messages"] if m["role"] != "system"], "tools": []} for r in drills]
+    short = [
+        {"messages": [m for m in r["messages"] if m["role"] != "system"], "tools": []}
+        for r in drills
+    ]
     # stage 2 keeps drilling (short prompts) beside the full-prompt teacher traces, so learning
     # the teacher's habit in the real context does not wash out the copying skill
     mixed = rows + short[: len(rows)]
     random.Random(args.seed).shuffle(mixed)
     stages = [
         ("tool drills, short prompts (the teacher always uses the tool)", short),
-        (f"the imperfect teacher on full prompts (tool used {args.tool_rate:.0%} of the time) + drills", mixed),
+        (
+            f"the imperfect teacher on full prompts (tool used {args.tool_rate:.0%} of the time) + drills",
+            mixed,
+        ),
     ]
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
         console.print(f"sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
 
     for title, data in stages:
-        examples = examples_from_rows(lambda tools: Renderer(tokenizer, tools), data, tokenizer.eos_token)
+        examples = examples_from_rows(
+            lambda tools: Renderer(tokenizer, tools), data, tokenizer.eos_token
+        )
         console.rule(f"SFT on {len(data)} traces: {title}")
         sft_train(model, examples, epochs=1.0, lr=1e-3, batch_size=32, seed=args.seed, log=log)
     sft_dir = out / "sft"

@@ -136,7 +136,10 @@ async def _episode_loop(
         result.num_turns = turn
         if gen.finish_reason == "length":
             context_bound = token_level and budget < limits.max_tokens_per_turn
-            result.truncated, result.stop_reason = True, "max_context" if context_bound else "max_tokens"
+            result.truncated, result.stop_reason = (
+                True,
+                "max_context" if context_bound else "max_tokens",
+            )
             break
         t0 = time.perf_counter()
         outcome = await env.step(messages, parsed, state)

@@ -15,7 +15,11 @@ from looprl.types import EpisodeResult, Message, Task
 
 
 def call(code: str) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "python_session", "arguments": {"code": code}}) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "python_session", "arguments": {"code": code}})
+        + "\n</tool_call>"
+    )
 
 
 def test_splits_disjoint_and_answers_exact():
@@ -28,7 +32,10 @@ def test_splits_disjoint_and_answers_exact():
 
 def _ep(answer: str, reply: str, tool_msgs: list[str] = ()) -> EpisodeResult:
     task = Task(id="t", prompt=[Message(role="user", content="q")], answer=answer)
-    msgs = [*task.prompt, *(Message(role="tool", content=c, name="python_session") for c in tool_msgs)]
+    msgs = [
+        *task.prompt,
+        *(Message(role="tool", content=c, name="python_session") for c in tool_msgs),
+    ]
     return EpisodeResult(task=task, messages=[*msgs, Message(role="assistant", content=reply)])
 
 
@@ -61,7 +68,13 @@ async def test_session_episode_persists_variables_and_scores(tiny_tokenizer):
         return f"The result is \\boxed{{{tools[1].content.split('stdout:')[1].strip()}}}"
 
     try:
-        [ep] = await run_group(env, ScriptedEngine(script, tiny_tokenizer), task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+        [ep] = await run_group(
+            env,
+            ScriptedEngine(script, tiny_tokenizer),
+            task,
+            1,
+            renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+        )
     finally:
         await env.sandbox.close()
     tool_msgs = [m.content for m in ep.messages if m.role == "tool"]

@@ -36,17 +36,26 @@ def _templates(rng: random.Random) -> tuple[str, Fraction]:
     kind = rng.randrange(5)
     if kind == 0:
         price, n, paid = rng.randint(3, 49), rng.randint(11, 99), 5000
-        return (f"A pen costs {price} cents. Ana buys {n} pens and pays with {paid} cents. How many cents of change does she get?", Fraction(paid - price * n))
+        return (
+            f"A pen costs {price} cents. Ana buys {n} pens and pays with {paid} cents. How many cents of change does she get?",
+            Fraction(paid - price * n),
+        )
     if kind == 1:
         a, b = rng.randint(120, 999), rng.randint(12, 99)
         return (f"What is the remainder when {a}^3 is divided by {b}?", Fraction(a**3 % b))
     if kind == 2:
         n = rng.randint(20, 60)
-        return (f"What is the sum of the squares of the integers from 1 to {n}?", Fraction(n * (n + 1) * (2 * n + 1) // 6))
+        return (
+            f"What is the sum of the squares of the integers from 1 to {n}?",
+            Fraction(n * (n + 1) * (2 * n + 1) // 6),
+        )
     if kind == 3:
         a, b = rng.randint(2, 30), rng.randint(2, 30)
         c, d = rng.randint(2, 30), rng.randint(2, 30)
-        return (f"Compute {a}/{b} + {c}/{d} as a reduced fraction.", Fraction(a, b) + Fraction(c, d))
+        return (
+            f"Compute {a}/{b} + {c}/{d} as a reduced fraction.",
+            Fraction(a, b) + Fraction(c, d),
+        )
     n, k = rng.randint(10, 30), rng.randint(2, 6)
     from math import comb
 
@@ -54,11 +63,17 @@ def _templates(rng: random.Random) -> tuple[str, Fraction]:
 
 
 def _fmt(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    return (
+        str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    )
 
 
 def _split_of(text: str) -> str:
-    return "eval" if int(hashlib.sha256(text.encode()).hexdigest(), 16) % EVAL_BUCKETS == 0 else "train"
+    return (
+        "eval"
+        if int(hashlib.sha256(text.encode()).hexdigest(), 16) % EVAL_BUCKETS == 0
+        else "train"
+    )
 
 
 def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
@@ -72,7 +87,14 @@ def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
             continue
         seen.add(question)
         tid = "pm-" + hashlib.sha256(question.encode()).hexdigest()[:12]
-        tasks.append(Task(id=tid, prompt=[Message(role="user", content=question)], answer=_fmt(answer), env="python_math"))
+        tasks.append(
+            Task(
+                id=tid,
+                prompt=[Message(role="user", content=question)],
+                answer=_fmt(answer),
+                env="python_math",
+            )
+        )
     return tasks
 
 
@@ -86,7 +108,14 @@ def load_dataset(path: Path) -> list[Task]:
         if "question" not in row or "answer" not in row:
             raise ValueError(f'{path}:{i}: each row needs "question" and "answer"')
         tid = str(row.get("id", f"{path.stem}-{i}"))
-        tasks.append(Task(id=tid, prompt=[Message(role="user", content=row["question"])], answer=str(row["answer"]), env="python_math"))
+        tasks.append(
+            Task(
+                id=tid,
+                prompt=[Message(role="user", content=row["question"])],
+                answer=str(row["answer"]),
+                env="python_math",
+            )
+        )
     return tasks
 
 
@@ -109,7 +138,11 @@ class SandboxFailure(RuntimeError):
 
 
 def _python_results(episode: EpisodeResult) -> list[str]:
-    return [m.content for m in episode.messages if m.role == "tool" and m.name in ("python", "python_session")]
+    return [
+        m.content
+        for m in episode.messages
+        if m.role == "tool" and m.name in ("python", "python_session")
+    ]
 
 
 def correct(episode: EpisodeResult) -> float:
@@ -133,7 +166,13 @@ def used_python(episode: EpisodeResult) -> float:
 
 def code_errors(episode: EpisodeResult) -> float:
     """Calls whose code failed (error, timeout, memory, output limit, killed) (metric)."""
-    return float(sum(1 for r in _python_results(episode) if not r.startswith(("status: ok", "status: sandbox_error"))))
+    return float(
+        sum(
+            1
+            for r in _python_results(episode)
+            if not r.startswith(("status: ok", "status: sandbox_error"))
+        )
+    )
 
 
 def load_environment(
@@ -160,8 +199,16 @@ def load_environment(
             if SESSION_KEY in state:
                 await executor.close_session(state[SESSION_KEY])
 
-    train: Any = load_dataset(Path(dataset)) if dataset else (lambda n, seed: generate_tasks("train", n, seed))
-    evals: Any = load_dataset(Path(eval_dataset)) if eval_dataset else (lambda n, seed: generate_tasks("eval", n, seed))
+    train: Any = (
+        load_dataset(Path(dataset))
+        if dataset
+        else (lambda n, seed: generate_tasks("train", n, seed))
+    )
+    evals: Any = (
+        load_dataset(Path(eval_dataset))
+        if eval_dataset
+        else (lambda n, seed: generate_tasks("eval", n, seed))
+    )
     env = PythonMathEnv(
         name="python_math",
         tools=[python_session if session else python],
@@ -169,7 +216,11 @@ def load_environment(
         rubric=Rubric([correct, used_python, code_errors], weights=[1.0, 0.0, 0.0]),
         train_tasks=train,
         eval_tasks=evals,
-        limits=Limits(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn, max_context_tokens=max_context_tokens),
+        limits=Limits(
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_context_tokens=max_context_tokens,
+        ),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )
