@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -15,27 +14,19 @@ from looprl.console import console
 
 def parse_overrides(items: list[str], prefix: str) -> dict[str, Any]:
     """Turn `--prefix.key value` pairs into a dict (values parsed as JSON when possible)."""
+    from looprl.trainer.config import ConfigError, parse_cli_overrides
+
+    try:
+        parsed = parse_cli_overrides(items)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     out: dict[str, Any] = {}
-    i = 0
-    while i < len(items):
-        item = items[i]
-        if not item.startswith(f"--{prefix}."):
+    for key, value in parsed.items():
+        if not key.startswith(f"{prefix}."):
             raise SystemExit(
-                f"error: unrecognized argument {item!r}; options for the environment look like --{prefix}.KEY VALUE"
+                f"error: unrecognized argument --{key}; options for the environment look like --{prefix}.KEY VALUE"
             )
-        key = item[len(prefix) + 3 :]
-        if "=" in key:
-            key, raw = key.split("=", 1)
-            i += 1
-        elif i + 1 < len(items):
-            raw = items[i + 1]
-            i += 2
-        else:
-            raise SystemExit(f"error: {item} needs a value")
-        try:
-            out[key.replace("-", "_")] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.replace("-", "_")] = raw
+        out[key[len(prefix) + 1 :]] = value
     return out
 
 
