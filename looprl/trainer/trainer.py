@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -329,8 +328,3 @@ class Trainer:
 
         export_hf(self.model, self.tokenizer, self.run_dir / "final")
         console.print(f"final model: {self.run_dir / 'final'}")
-
-
-def mean_or_nan(values: list[float]) -> float:
-    """Mean of a list, NaN when empty."""
-    return statistics.fmean(values) if values else float("nan")
