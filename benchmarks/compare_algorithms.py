@@ -24,7 +24,7 @@ from looprl.trainer.config import load_config
 from looprl.trainer.plots import plot_comparison
 from looprl.trainer.trainer import Trainer
 
-console = Console()
+console = Console(width=200)  # a table, not a terminal layout: never wrap or cut columns
 
 
 def run_one(args: argparse.Namespace, preset: str, seed: int) -> list[dict]:
