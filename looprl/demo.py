@@ -9,16 +9,16 @@ are evaluated on the same held-out tasks so the gain from RL is separated from S
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from looprl.console import console, print_summary
+from looprl.console import console
 from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
 from looprl.types import Message, ToolCall
 
@@ -62,40 +62,27 @@ def teacher_rows(
 
 
 def _evaluate(model_name: str, out: Path, n: int, r: int, seed: int) -> dict[str, Any]:
-    from looprl.engines.factory import make_policy
-    from looprl.evaluation import evaluate, summarize, write_metadata
-    from looprl.rendering.renderer import Renderer
-    from looprl.rollout import RolloutConfig
-    from looprl.types import SamplingParams
+    """Held-out evaluation through `looprl eval` (fresh output directory); returns its summary."""
+    from looprl.cli import main as cli_main
 
-    env = load_environment()
-    tasks = env.get_tasks("eval", n, seed=seed)
-    policy = make_policy(model_name, seed=seed)
-    renderer = Renderer(policy.tokenizer, env.tool_schemas)
-    sampling = SamplingParams(max_tokens=env.limits.max_tokens_per_turn, temperature=1.0, seed=seed)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.jsonl").unlink(missing_ok=True)
-
-    async def go() -> tuple[list[Any], float]:
-        try:
-            return await evaluate(
-                env,
-                policy.engine,
-                tasks,
-                rollouts_per_task=r,
-                renderer=renderer,
-                config=RolloutConfig(sampling=sampling, seed=seed),
-                results_path=out / "results.jsonl",
-            )
-        finally:
-            await policy.engine.close()
-
-    episodes, seconds = asyncio.run(go())
-    summary = summarize(episodes, rollouts_per_task=r, generate_seconds=seconds)
-    write_metadata(
-        out / "metadata.json",
-        {"kind": "eval", "model": model_name, "sampling": sampling.to_dict(), "summary": summary},
+    shutil.rmtree(out, ignore_errors=True)
+    cli_main(
+        [
+            "eval",
+            "calculator",
+            "--model",
+            model_name,
+            "-n",
+            str(n),
+            "-r",
+            str(r),
+            "--seed",
+            str(seed),
+            "--output",
+            str(out),
+        ]
     )
+    summary: dict[str, Any] = json.loads((out / "metadata.json").read_text())["summary"]
     return summary
 
 
@@ -126,12 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     before = _evaluate(
         str(sft_dir), out / "eval_before", args.eval_tasks, args.eval_rollouts, args.seed
     )
-    print_summary(before, title="after SFT (before RL)")
     run_dir = _rl_phase(args, out, sft_dir)
     after = _evaluate(
         str(run_dir / "final"), out / "eval_after", args.eval_tasks, args.eval_rollouts, args.seed
     )
-    print_summary(after, title="after GRPO")
     _print_before_after(before, after, out, run_dir, time.perf_counter() - t_start)
     return 0
 

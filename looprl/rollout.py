@@ -157,18 +157,10 @@ async def _episode_loop(
         messages.extend(outcome.messages)
         if token_level:
             assert renderer is not None
-            size = len(segment)
-            segment = _append_env_turn(
-                renderer,
-                before,
-                messages,
-                gen.token_ids,
-                segment,
-                result,
-                turn,
-                limits.max_context_tokens,
+            segment, appended = _append_env_turn(
+                renderer, before, messages, gen.token_ids, result, turn, limits.max_context_tokens
             )
-            if len(segment) == size:
+            if not appended:
                 result.truncated, result.stop_reason = True, "max_context"
                 break
 
@@ -178,26 +170,27 @@ def _append_env_turn(
     before: list[Message],
     after: list[Message],
     sampled_ids: list[int],
-    segment: Trajectory,
     result: EpisodeResult,
     turn: int,
     max_context: int,
-) -> Trajectory:
-    """Extend the segment with glue + suffix (mask 0), or start a new segment on a template break.
+) -> tuple[Trajectory, bool]:
+    """Extend the current segment with glue + suffix (mask 0), or start a new one on a template break.
 
-    An environment turn that would not leave room to generate within `max_context` is not
-    appended; the caller sees the segment did not grow and stops with `max_context`.
+    Returns the segment to continue and whether the environment turn was appended: a turn that
+    would not leave room to generate within `max_context` is not, and the caller stops.
     """
+    segment = result.trajectories[-1]
     ext = renderer.extend(before, after, sampled_ids)
     if ext.ok:
         new_ids = ext.glue_ids + ext.suffix_ids
-        if len(segment) + len(new_ids) < max_context:
-            segment.extend(new_ids, sampled=False, turn=turn)
-        return segment
+        if len(segment) + len(new_ids) >= max_context:
+            return segment, False
+        segment.extend(new_ids, sampled=False, turn=turn)
+        return segment, True
     new_segment = Trajectory()
     new_segment.extend(ext.full_ids, sampled=False, turn=turn)
     result.trajectories.append(new_segment)
-    return new_segment
+    return new_segment, True
 
 
 def _turn_sampling(

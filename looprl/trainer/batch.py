@@ -20,8 +20,6 @@ class Sample:
     sampler_logprobs: list[float]
     advantage: float
     reward: float
-    truncated: bool
-    group: int
 
 
 def group_advantages(
@@ -46,7 +44,7 @@ def group_advantages(
         "zero_var_frac": 0.0,
         "keep_frac": 0.0,
     }
-    for gi, (_size, same) in enumerate(sorted(by_size.items())):
+    for _size, same in sorted(by_size.items()):
         rewards = torch.tensor(
             [[ep.reward for ep in g] for g in same], dtype=torch.float32
         )  # (N, G)
@@ -67,16 +65,9 @@ def group_advantages(
                     continue
                 for seg in ep.trajectories:
                     if seg.num_sampled:
+                        reward = float(res.rewards[n, k])
                         samples.append(
-                            Sample(
-                                seg.token_ids,
-                                seg.mask,
-                                seg.logprobs,
-                                float(adv[n, k]),
-                                float(res.rewards[n, k]),
-                                ep.truncated,
-                                gi * 100_000 + n,
-                            )
+                            Sample(seg.token_ids, seg.mask, seg.logprobs, float(adv[n, k]), reward)
                         )
     return samples, stats
 
@@ -160,7 +151,7 @@ def forward_logprobs(
     Returns (logprobs (B, T-1), entropy (B, T-1) or None, last hidden states (B, T-1, H) or None).
     The entropy carries gradient only with `entropy_grad` (needed for an entropy bonus).
     """
-    from looprl.algorithms.kl import entropy_from_logits
+    from looprl.algorithms.kl import entropy_from_logits, logprobs_from_logits
 
     out = model(
         input_ids=batch.input_ids,
@@ -169,9 +160,7 @@ def forward_logprobs(
         use_cache=False,
     )
     logits = out.logits[:, :-1, :].float() / temperature  # (B, T-1, V)
-    logprobs = (
-        torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[..., None]).squeeze(-1)
-    )  # (B, T-1)
+    logprobs = logprobs_from_logits(logits, batch.targets)  # (B, T-1), chunked: no (B, T-1, V) copy
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T-1)
