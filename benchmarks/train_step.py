@@ -1,10 +1,12 @@
 """Seconds per GRPO step on the calculator, split into generate / score / train, and training tokens/s.
 
 Runs a short GRPO job per model and prints the median (min, max) over the steps after the
-first (warm-up). Measures; asserts nothing.
+first (warm-up). Measures; asserts nothing. `train tok/s` counts the tokens that went through
+forward and backward ("forwarded"): zero-advantage samples are skipped, so start from a model
+whose groups disagree (a warm-started one such as `runs/demo/sft`) to time the update.
 
-    .venv/bin/python benchmarks/train_step.py --models tiny smollm2-135m --steps 4
-    .venv/bin/python benchmarks/train_step.py --quick          # smoke-sized
+    .venv/bin/python -m benchmarks.train_step --models runs/demo/sft smollm2-135m --steps 4
+    .venv/bin/python -m benchmarks.train_step --quick          # smoke-sized
 """
 
 from __future__ import annotations
@@ -19,23 +21,17 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.roofline import matmul_gflops, model_flops_per_token, roofline_line
 from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 
 console = Console(width=200)  # a table, not a terminal layout: never wrap or cut columns
-KEYS = (
-    "time/generate",
-    "time/score",
-    "time/train",
-    "time/sync",
-    "train_tokens_per_s",
-    "tokens_per_s",
-    "train_tokens",
-)
 
 
-def run(model: str, steps: int, tasks: int, rollouts: int, lora: bool, out: Path) -> list[dict]:
-    """Train `steps` GRPO steps and return the metric rows."""
+def run(
+    model: str, steps: int, tasks: int, rollouts: int, lora: bool, out: Path
+) -> tuple[list[dict], float]:
+    """Train `steps` GRPO steps; return the metric rows and the model's forward FLOPs per token."""
     cfg = load_config(
         None,
         {
@@ -48,7 +44,8 @@ def run(model: str, steps: int, tasks: int, rollouts: int, lora: bool, out: Path
     )  # fmt: skip
     trainer = Trainer(cfg)
     trainer.run()
-    return [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, model_flops_per_token(trainer.engine_model)
 
 
 def fmt(values: list[float]) -> str:
@@ -84,11 +81,14 @@ def main() -> None:
         "train tok/s",
         "gen tok/s",
         "trained tokens",
+        "forwarded tokens",
     ):
         table.add_column(col, justify="right")
+    roof = matmul_gflops()[0]
+    roofs = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
-            rows = run(model, args.steps, args.tasks, args.rollouts, args.lora, Path(tmp))
+            rows, flops = run(model, args.steps, args.tasks, args.rollouts, args.lora, Path(tmp))
             rows = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
             total = [
                 r["time/generate"] + r["time/score"] + r["time/train"] + r["time/sync"]
@@ -98,8 +98,16 @@ def main() -> None:
                 model, fmt(total), fmt([r["time/generate"] for r in rows]), fmt([r["time/score"] for r in rows]),
                 fmt([r["time/train"] for r in rows]), fmt([r["train_tokens_per_s"] for r in rows]),
                 fmt([r["tokens_per_s"] for r in rows]), fmt([r["train_tokens"] for r in rows]),
+                fmt([r["forward_tokens"] for r in rows]),
             )  # fmt: skip
+            # training: forward + backward ~ 3x the forward FLOPs over every position of the batch
+            train_pos_s = statistics.median(r["forward_positions"] / r["time/train"] for r in rows)
+            gen_tok_s = statistics.median(r["tokens_per_s"] for r in rows)
+            roofs.append(roofline_line(f"{model} train", 3 * flops, train_pos_s, roof))
+            roofs.append(roofline_line(f"{model} generate (decode only)", flops, gen_tok_s, roof))
     console.print(table)
+    for line in roofs:
+        console.print(line)
 
 
 if __name__ == "__main__":

@@ -163,7 +163,14 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
     console.print(
         f"[bold]looprl eval[/bold] {env.name} · model {args.model} · {len(tasks)} tasks x {args.rollouts} rollouts → {out}"
     )
-    policy = make_policy(args.model, base_url=args.base_url, api_key=args.api_key, seed=args.seed)
+    policy = make_policy(
+        args.model,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        seed=args.seed,
+        # every rollout of every group in flight may wait on the server at once
+        max_concurrency=args.concurrency * args.rollouts,
+    )
     renderer = (
         Renderer(policy.tokenizer, env.tool_schemas) if policy.tokenizer is not None else None
     )

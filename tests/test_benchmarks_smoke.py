@@ -21,7 +21,7 @@ def _run(*args: str) -> str:
 
 
 def test_train_step_benchmark_quick():
-    out = _run("benchmarks/train_step.py", "--quick")
+    out = _run("-m", "benchmarks.train_step", "--quick")
     assert "s / step" in out and "tiny" in out
 
 
@@ -33,3 +33,24 @@ def test_engine_benchmark_quick():
 def test_sandbox_benchmark_quick():
     out = _run("-m", "benchmarks.sandbox", "--calls", "5", "--backends", "forkserver")
     assert "forkserver" in out
+
+
+def test_vs_verifiers_benchmark_quick():
+    # --no-install: installing verifiers takes ~1.5 min, so CI runs the looprl side against the
+    # fake server, and the verifiers side too only where benchmarks/.venvs/verifiers exists.
+    out = _run("-m", "benchmarks.vs_verifiers", "--quick", "--no-install")
+    assert "CPU ms/turn" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["looprl"]]
+    assert rows and all(row[-4:] == ["2.00", "1.00", "1.00", "0"] for row in rows), out
+
+
+def test_vs_trl_benchmark_quick():
+    """Both frameworks on both tasks, 2 steps each; from the untrained tiny model (rewards 0).
+
+    The first run creates benchmarks/.venvs/trl from PyPI (a minute or two); later runs reuse it.
+    """
+    from looprl.models.loading import resolve_model_path
+
+    out = _run("benchmarks/vs_trl.py", "--quick", "--init", str(resolve_model_path("tiny")))
+    assert "identical on both sides: True" in out
+    assert "looprl x better" in out and "trl" in out and "total wall time" in out

@@ -127,3 +127,14 @@ def test_eval_against_openai_compatible_server(tmp_path):
         )
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["summary"]["reward_mean"] == 1.0
+
+
+def test_eval_concurrency_reaches_the_server(tmp_path):
+    """`--concurrency C -r R` lets C x R requests wait on the server at once (the engine's cap follows)."""
+    from looprl.testing.fake_openai import FakeOpenAIServer
+
+    with FakeOpenAIServer(script=["The answer is 1."], delay=0.3) as srv:
+        args = ["eval", "calculator", "--base-url", srv.base_url, "--model", "fake"]
+        args += ["-n", "20", "-r", "2", "--concurrency", "20", "--output", str(tmp_path / "c")]
+        assert main(args) == 0
+        assert srv.max_in_flight > 32  # the engine's default cap before the flag reached it

@@ -87,6 +87,17 @@ def test_trainer_logprobs_match_engine(tmp_path):
     assert row["mismatch_kl"] < 1e-6
 
 
+def test_eval_before_logs_the_starting_point(tmp_path):
+    """`trainer.eval_before` evaluates the untouched model as step 0, on the same held-out tasks."""
+    cfg = small_config(tmp_path, "before", **{"trainer.steps": 1, "trainer.eval_before": True})
+    Trainer(cfg).run()
+    rows = read_metrics(tmp_path / "before")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "eval/reward" in rows[0] and "loss" not in rows[0]
+    assert "eval/reward" in rows[1] and "loss" in rows[1]
+    assert (tmp_path / "before" / "eval" / "step_000000" / "results.jsonl").stat().st_size > 0
+
+
 def test_resume_after_crash_reproduces_metrics(tmp_path, monkeypatch):
     full = small_config(tmp_path, "full", **{"trainer.steps": 4, "trainer.save_every": 2})
     Trainer(full).run()

@@ -77,14 +77,17 @@ def _chunked_rows(
     Activation checkpointing per chunk keeps only one chunk's float32 intermediates alive, instead
     of a full (N, V) softmax held for the backward pass.
     """
+    if logits.shape[0] == 0:
+        return logits.new_zeros(0)
     outs = []
-    for start in range(0, logits.shape[0], chunk_size):
-        args = (logits[start : start + chunk_size], *(e[start : start + chunk_size] for e in extra))
+    # split, not slicing: a slice's backward writes into a zeroed (N, V) buffer per chunk
+    chunks = zip(logits.split(chunk_size), *(e.split(chunk_size) for e in extra), strict=True)
+    for args in chunks:
         if torch.is_grad_enabled() and logits.requires_grad:
             outs.append(checkpoint(fn, *args, use_reentrant=False))
         else:
             outs.append(fn(*args))
-    return torch.cat(outs) if outs else logits.new_zeros(0)
+    return torch.cat(outs)
 
 
 def _entropy_rows(logits: Tensor, temperature: float) -> Tensor:
@@ -128,3 +131,30 @@ def logprobs_from_logits(
         chunk_size=chunk_size,
     )
     return flat.reshape(b, t)  # (B, T)
+
+
+def head_logprobs_entropy(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    token_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> Tensor:
+    """Log-probability and entropy per row from hidden states, never holding all (N, V) logits.
+
+    `hidden` (N, H) are the states that predict `token_ids` (N,); `head` maps them to logits
+    (the model's output projection). Each chunk of rows is projected, scored and (in backward)
+    recomputed on its own, so memory is one chunk's logits whatever the vocabulary. Returns (N, 2):
+    column 0 the log-probability at `temperature`, column 1 the entropy of that distribution.
+    """
+
+    def rows(h: Tensor, ids: Tensor) -> Tensor:
+        z = head(h).float() / temperature  # (n, V)
+        lse = torch.logsumexp(z, dim=-1)  # (n,)
+        lp = z.gather(-1, ids[:, None]).squeeze(-1) - lse  # (n,)
+        ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (n,)
+        return torch.stack([lp, ent], dim=-1)  # (n, 2)
+
+    if hidden.shape[0] == 0:
+        return hidden.new_zeros((0, 2), dtype=torch.float32)
+    return _chunked_rows(rows, hidden, token_ids.long(), chunk_size=chunk_size)  # (N, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -137,6 +138,29 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
     )
 
 
+_FUSED_HEAD_TYPES = {
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+}  # logits = lm_head(decoder(x)), nothing else
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+    """(decoder trunk, output projection) when logits are exactly head(trunk(x)), else None.
+
+    Works through a PEFT wrapper (attribute access reaches the base model, LoRA layers stay in
+    the trunk). Model types with logit scaling or soft-capping take the plain path.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in _FUSED_HEAD_TYPES:
+        return None
+    try:
+        return model.get_decoder(), model.get_output_embeddings()  # type: ignore[operator]
+    except (AttributeError, NotImplementedError):
+        return None
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     batch: Batch,
@@ -149,20 +173,41 @@ def forward_logprobs(
     """Log-probabilities of the target tokens under `model` at the sampling temperature.
 
     Returns (logprobs (B, T-1), entropy (B, T-1) or None, last hidden states (B, T-1, H) or None).
-    The entropy carries gradient only with `entropy_grad` (needed for an entropy bonus).
+    Logprobs and entropy are computed only where `batch.loss_mask` is set (0 elsewhere): the
+    output projection runs on trained positions alone, chunk by chunk, so neither the prompt's
+    nor the tools' tokens pay for the vocabulary. The entropy carries gradient only with
+    `entropy_grad` (needed for an entropy bonus).
     """
-    from looprl.algorithms.kl import entropy_from_logits, logprobs_from_logits
+    from looprl.algorithms.kl import head_logprobs_entropy
 
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        output_hidden_states=with_hidden,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :].float() / temperature  # (B, T-1, V)
-    logprobs = logprobs_from_logits(logits, batch.targets)  # (B, T-1), chunked: no (B, T-1, V) copy
+    parts = _decoder_and_head(model)
+    sel = batch.loss_mask > 0  # (B, T-1)
+    if parts is None:
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+        )
+        last = out.hidden_states[-1]  # (B, T, H)
+        logits = out.logits[:, :-1, :][sel]  # (N, V): the model's own head, already applied
+
+        def head(h: torch.Tensor) -> torch.Tensor:
+            return h
+
+        rows_in = logits
+    else:
+        decoder, head = parts
+        last = decoder(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        ).last_hidden_state  # (B, T, H)
+        rows_in = last[:, :-1, :][sel]  # (N, H)
+    rows = head_logprobs_entropy(rows_in, head, batch.targets[sel], temperature)  # (N, 2)
+    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
+    logprobs = zeros.masked_scatter(sel, rows[:, 0])  # (B, T-1)
     entropy = None
     if with_entropy:
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T-1)
-    hidden = out.hidden_states[-1][:, :-1, :] if with_hidden else None
+        ent = rows[:, 1] if entropy_grad else rows[:, 1].detach()
+        entropy = zeros.masked_scatter(sel, ent)  # (B, T-1)
+    hidden = last[:, :-1, :] if with_hidden else None
     return logprobs, entropy, hidden

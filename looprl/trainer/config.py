@@ -126,6 +126,9 @@ class TrainerSection(_Section):
     eval_every: int = Field(
         10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
     )
+    eval_before: bool = Field(
+        False, description="also evaluate the starting model, logged as step 0 (before/after)"
+    )
     eval_tasks: int = Field(64, ge=1, description="held-out tasks per evaluation")
     eval_rollouts: int = Field(1, ge=1, description="samples per held-out task")
     eval_temperature: float = Field(1.0, ge=0, description="sampling temperature during evaluation")

@@ -139,6 +139,8 @@ class Trainer:
         cfg = self.cfg.trainer
         last: dict[str, float] = {}
         pending: asyncio.Task[tuple[list[list[EpisodeResult]], float, int]] | None = None
+        if cfg.eval_before and self.step == 0:
+            self.logger.log(0, await self._evaluate(0))  # the starting point of every eval curve
         while self.step < cfg.steps:
             step = self.step + 1
             if pending is not None:
@@ -225,7 +227,8 @@ class Trainer:
         stats = train_on_batch(self.ctx, samples)
         seconds = time.perf_counter() - t0
         out = {**adv_stats, **stats, "time/train": seconds}
-        out["train_tokens_per_s"] = stats.get("train_tokens", 0.0) / max(seconds, 1e-9)
+        # tokens that went through forward and backward (zero-advantage samples are skipped)
+        out["train_tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)
         return out
 
     def _sync(self) -> dict[str, float]:

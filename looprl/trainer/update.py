@@ -67,7 +67,8 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     """Collate micro-batches and compute old logprobs, reference logprobs, values and GAE."""
     need_old = ctx.updates_per_batch > 1 or ctx.algo.uses_value_head
     prepared = []
-    for chunk in micro_batches(samples, ctx.micro_batch_tokens):
+    by_length = sorted(samples, key=lambda s: len(s.token_ids))  # similar lengths pad less
+    for chunk in micro_batches(by_length, ctx.micro_batch_tokens):
         p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device))
         with torch.no_grad():
             if need_old:
@@ -86,15 +87,29 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     return prepared
 
 
+def _with_gradient(algo: AlgorithmConfig, samples: list[Sample]) -> list[Sample]:
+    """The samples that can move the weights: those with a non-zero advantage.
+
+    With no KL, entropy or value term every policy loss is a multiple of the sequence's advantage,
+    so a zero-advantage sample (a uniform group under GRPO) contributes an exactly zero gradient
+    and skipping its forward and backward changes nothing but the time. One sample is kept when
+    all are zero, so the optimizer still steps on zero gradients exactly as before.
+    """
+    if algo.kl_coef > 0 or algo.entropy_coef > 0 or algo.uses_value_head:
+        return samples
+    moving = [s for s in samples if s.advantage != 0.0]
+    return moving or samples[:1]
+
+
 def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float]:
     """Run `updates_per_batch` optimizer steps over the samples; returns averaged statistics."""
     if not samples:
         return {"skipped": 1.0}
     ctx.model.train()
-    prepared = _prepare(ctx, samples)
-    norm = batch_normalizer(
-        ctx.algo.aggregation, [p.batch.loss_mask for p in prepared], max_len=ctx.algo.max_len
-    )
+    # the normaliser counts every sample, as if the whole batch went through the loss
+    masks = [torch.tensor(s.mask[1:], dtype=torch.float32)[None] for s in samples]  # (1, T-1)
+    norm = batch_normalizer(ctx.algo.aggregation, masks, max_len=ctx.algo.max_len)
+    prepared = _prepare(ctx, _with_gradient(ctx.algo, samples))
     totals: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
     for _ in range(ctx.updates_per_batch):
@@ -116,7 +131,9 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
         ctx.optimizer.step()
     ctx.scheduler.step()
     out = {k: totals[k] / weights[k] for k in totals if weights[k] > 0}
-    out["train_tokens"] = float(sum(int(p.batch.loss_mask.sum()) for p in prepared))
+    out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
+    out["forward_tokens"] = float(sum(int(p.batch.loss_mask.sum()) for p in prepared))
+    out["forward_positions"] = float(sum(int(p.batch.attention_mask.sum()) for p in prepared))
     out["lr"] = float(ctx.scheduler.get_last_lr()[0])
     ctx.model.eval()
     return out
