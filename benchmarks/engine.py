@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.roofline import matmul_gflops, model_flops_per_token, roofline_line
 from looprl.engines.torch_engine import TorchEngine
 from looprl.types import SamplingParams
 
@@ -236,13 +237,21 @@ def main(argv: list[str] | None = None) -> list[Row]:
     )
     print(f"{'model':<20} {'batch':>5}  {'HF generate':<28} {'TorchEngine':<28} ratio")
     rows: list[Row] = []
+    roof = matmul_gflops()[0]
+    roofs = []
     for name in args.models.split(","):
         model, tokenizer = load_named(name.strip())
         vocab = model.get_input_embeddings().weight.shape[0]
+        flops = model_flops_per_token(model)
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             work = make_workload(args.scenario, vocab, batch, args.prompt_len, args.new_tokens)
             rows.append(bench_row(name.strip(), model, tokenizer, work, args.runs, clock))
             print(format_row(rows[-1]), flush=True)
+            # generated tokens only: prefill work is left out, so this understates the engine a little
+            tok_s = statistics.median(rows[-1].engine)
+            roofs.append(roofline_line(f"{name.strip()} batch {batch} engine", flops, tok_s, roof))
+    for line in roofs:
+        print(line)
     return rows
 
 

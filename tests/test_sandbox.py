@@ -448,12 +448,10 @@ async def test_one_misbehaving_call_does_not_slow_the_others(box):
         ),
     ]
     await asyncio.sleep(0.2)
-    start = time.monotonic()
     good = await asyncio.gather(*(box.execute(f"print({i} * 2)") for i in range(40)))
-    elapsed = time.monotonic() - start
     assert [r.stdout for r in good] == [f"{i * 2}\n" for i in range(40)]
-    assert elapsed < 3.0, f"40 quick calls took {elapsed:.1f} s next to two runaway calls"
-    assert all(not t.done() for t in bad)  # the quick calls finished while the bad ones still ran
+    # not a speed threshold: the 40 quick calls all finished while the runaways still ran
+    assert all(not t.done() for t in bad)
     assert [r.status for r in await asyncio.gather(*bad)] == ["timeout", "timeout"]
 
 

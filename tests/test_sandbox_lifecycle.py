@@ -109,3 +109,15 @@ def test_only_a_child_that_dies_before_it_is_ready_is_a_sandbox_error(ready):
     child.close()
     assert result["status"] == ("error" if ready else "sandbox_error"), result
     assert not child.alive
+
+
+async def test_each_call_draws_its_own_numpy_random_numbers():
+    """Children forked from one worker must not replay the worker's np.random state."""
+    ex = ForkServerExecutor(LIMITS, workers=1)  # default preload and warm-up import np.random
+    try:
+        code = "import numpy as np\nprint(np.random.rand())"
+        draws = [(await ex.execute(code)).stdout for _ in range(5)]
+        assert all(d.strip() for d in draws), draws
+        assert len(set(draws)) == 5, draws
+    finally:
+        await ex.close()

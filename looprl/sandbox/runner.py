@@ -23,6 +23,7 @@ from looprl.sandbox import proto
 
 RESULT_FD = 3
 CONTROL_FD = 4
+READY_FRAME = proto.encode({"ready": True})  # encoded once in the worker, not in every child
 
 
 class OutputLimitExceeded(BaseException):
@@ -207,7 +208,7 @@ def serve(
     first frame, {"ready": true}, is written before any code runs: a child that dies without
     it failed during set-up (the sandbox's fault); one that dies after it, the code's.
     """
-    proto.write_frame(res_fd, {"ready": True})
+    os.write(res_fd, READY_FRAME)  # 19 bytes to a fresh pipe: never a partial write
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     cell_no = 0
     while True:

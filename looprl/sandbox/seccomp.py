@@ -94,15 +94,18 @@ class SeccompFilter:
         self.length = len(program)
         self._insns = (_SockFilter * len(program))(*[_SockFilter(*ins) for ins in program])
         self._prog = _SockFprog(len(program), self._insns)
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        # Resolved once here, in the worker: looking `prctl` up in each forked child (ctypes'
+        # attribute machinery, dlsym) cost CPU, and copy-on-write faults, on every call.
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+        self._prog_ref = ctypes.byref(self._prog)
 
     def install(self) -> None:
         """Set no_new_privs and install the filter on the calling thread; raise OSError on failure."""
-        prctl = self._libc.prctl
+        prctl = self._prctl
         if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS) failed: {errno.errorcode.get(err)}")
-        if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self._prog), 0, 0) != 0:
+        if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._prog_ref, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_SET_SECCOMP) failed: {errno.errorcode.get(err)}")
 

@@ -210,6 +210,7 @@ def _child_main(
             os.dup2(fd, target)
         os.closerange(len(fds), 1 << 16)
         ruleset = 5 if len(fds) > 5 else None
+        _reseed_numpy()
         isolation.harden_child(worker.policy, scratch, uid, persistent, ruleset)
         code = 71
         runner.serve(worker.limits, persistent)
@@ -221,6 +222,16 @@ def _child_main(
         finally:
             os._exit(code)
     os._exit(0)
+
+
+def _reseed_numpy() -> None:
+    """Give the child its own numpy global random state (Python's `random` reseeds at fork itself).
+
+    Without it every call forked from one worker would draw the same `np.random` numbers.
+    """
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()  # fresh OS entropy, ~20 us
 
 
 def _kill(pid: int) -> None:
@@ -379,7 +390,7 @@ def main() -> None:
     if config.get("hugepages", True):
         features["hugepages"] = isolation.collapse_heap()
     worker = Worker(config, features)
-    isolation.prepare_worker_process(worker.call_scratch)
+    isolation.prepare_worker_process(worker.policy, worker.call_scratch)
     worker.spare = worker.spawn(worker.uid, persistent=False)
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
     serve_pool(worker)
