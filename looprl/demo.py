@@ -61,7 +61,9 @@ def teacher_rows(
     return rows
 
 
-def _evaluate(model_name: str, out: Path, n: int, r: int, seed: int) -> dict[str, Any]:
+def _evaluate(
+    model_name: str, out: Path, n: int, r: int, seed: int, temperature: float = 1.0
+) -> dict[str, Any]:
     """Held-out evaluation through `looprl eval` (fresh output directory); returns its summary."""
     from looprl.cli import main as cli_main
 
@@ -78,6 +80,8 @@ def _evaluate(model_name: str, out: Path, n: int, r: int, seed: int) -> dict[str
             str(r),
             "--seed",
             str(seed),
+            "--temperature",
+            str(temperature),
             "--output",
             str(out),
         ]
@@ -110,15 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     t_start = time.perf_counter()
     sft_dir = _sft_phase(args, out)
-    before = _evaluate(
-        str(sft_dir), out / "eval_before", args.eval_tasks, args.eval_rollouts, args.seed
-    )
+    before = _evaluate_both(args, str(sft_dir), out / "eval_before")
     run_dir = _rl_phase(args, out, sft_dir)
-    after = _evaluate(
-        str(run_dir / "final"), out / "eval_after", args.eval_tasks, args.eval_rollouts, args.seed
-    )
+    after = _evaluate_both(args, str(run_dir / "final"), out / "eval_after")
     _print_before_after(before, after, out, run_dir, time.perf_counter() - t_start)
     return 0
+
+
+def _evaluate_both(args: argparse.Namespace, model: str, out: Path) -> dict[str, dict[str, Any]]:
+    """The same held-out tasks sampled at temperature 1 (`--eval-rollouts` each) and greedily."""
+    n, seed = args.eval_tasks, args.seed
+    return {
+        "sampled": _evaluate(model, out, n, args.eval_rollouts, seed, temperature=1.0),
+        "greedy": _evaluate(model, out.with_name(out.name + "_greedy"), n, 1, seed, 0.0),
+    }
 
 
 def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
@@ -189,15 +198,28 @@ def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
     return trainer.run_dir
 
 
+def _accuracy(summary: dict[str, Any]) -> float:
+    return float(summary["rewards"].get("correct_answer", float("nan")))
+
+
 def _print_before_after(
-    before: dict[str, Any], after: dict[str, Any], out: Path, run_dir: Path, seconds: float
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+    out: Path,
+    run_dir: Path,
+    seconds: float,
 ) -> None:
     table = Table(title="looprl demo: calculator, tiny model, held-out tasks")
     table.add_column("metric")
     table.add_column("after SFT", justify="right")
     table.add_column("after GRPO", justify="right")
+    table.add_row(
+        "accuracy, greedy",
+        f"{_accuracy(before['greedy']):.3f}",
+        f"{_accuracy(after['greedy']):.3f}",
+    )
     rows = [
-        ("accuracy", lambda s: s["rewards"].get("correct_answer", float("nan"))),
+        ("accuracy, sampled T=1", _accuracy),
         ("tool-call validity", lambda s: s["rewards"].get("tool_call_validity", float("nan"))),
         ("used the tool", lambda s: s["rewards"].get("used_tool", float("nan"))),
         ("answer format", lambda s: s["rewards"].get("answer_format", float("nan"))),
@@ -205,19 +227,19 @@ def _print_before_after(
         ("tokens / episode", lambda s: s["generated_tokens_mean"]),
     ]
     for name, get in rows:
-        table.add_row(name, f"{get(before):.3f}", f"{get(after):.3f}")
+        table.add_row(name, f"{get(before['sampled']):.3f}", f"{get(after['sampled']):.3f}")
     console.print(table)
-    gain = after["rewards"].get("correct_answer", 0.0) - before["rewards"].get(
-        "correct_answer", 0.0
-    )
+    greedy = _accuracy(after["greedy"]) - _accuracy(before["greedy"])
+    sampled = _accuracy(after["sampled"]) - _accuracy(before["sampled"])
     console.print(
-        f"accuracy gain from RL: {gain * 100:+.1f} points  (total demo time {seconds / 60:.1f} min)"
+        f"accuracy gain from RL: {greedy * 100:+.1f} points greedy, {sampled * 100:+.1f} sampled"
+        f"  (total demo time {seconds / 60:.1f} min)"
     )
     console.print(
         f"run: {run_dir}\nplot: {run_dir / 'plots' / 'curves.png'}\nrollouts: {run_dir / 'rollouts'}"
     )
     console.print(
-        f"evals: {out / 'eval_before'}, {out / 'eval_after'}\nview: looprl view {run_dir}"
+        f"evals: {out / 'eval_before'}, {out / 'eval_after'} (and *_greedy)\nview: looprl view {run_dir}"
     )
 
 

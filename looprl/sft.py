@@ -122,7 +122,7 @@ def sft_train(
         sched.step()
         losses.append(float(loss.detach()))
         if log is not None and (step % 20 == 0 or step == steps - 1):
-            log(step + 1, steps, float(loss), time.perf_counter() - t0)
+            log(step + 1, steps, losses[-1], time.perf_counter() - t0)
     model.eval()
     return losses
 
