@@ -100,10 +100,12 @@ def main() -> None:
                 fmt([r["tokens_per_s"] for r in rows]), fmt([r["train_tokens"] for r in rows]),
                 fmt([r["forward_tokens"] for r in rows]),
             )  # fmt: skip
-            # training: forward + backward ~ 3x the forward FLOPs over every position of the batch
+            # training: forward + backward ~ 3x the forward FLOPs over every position of the batch;
+            # LoRA ~ 2x (frozen matrices get no weight gradient, only the activations' one)
+            factor = 2 if args.lora else 3
             train_pos_s = statistics.median(r["forward_positions"] / r["time/train"] for r in rows)
             gen_tok_s = statistics.median(r["tokens_per_s"] for r in rows)
-            roofs.append(roofline_line(f"{model} train", 3 * flops, train_pos_s, roof))
+            roofs.append(roofline_line(f"{model} train", factor * flops, train_pos_s, roof))
             roofs.append(roofline_line(f"{model} generate (decode only)", flops, gen_tok_s, roof))
     console.print(table)
     for line in roofs:
