@@ -149,6 +149,7 @@ def _wait(child: Child, call: _Call, deadline: float) -> str:
             elif not _read_into(fd, sinks[fd], call):
                 poller.unregister(fd)
         if call.result is not None:
+            _drain(child, call)  # output written before the result frame but not yet polled
             return "result"
         if call.bad_frame:
             return "protocol"
