@@ -65,6 +65,27 @@ def first_reach(rows: list[dict], key: str, target: float) -> tuple[int | None, 
     return None, None
 
 
+def _print_paired(results: dict[str, list[list[dict]]], key: str, seeds: list[int]) -> None:
+    """Start and final accuracy per seed, and each preset's final minus grpo's on the same seed."""
+
+    def final(rows: list[dict]) -> float:
+        return [r[key] for r in rows if r.get(key) is not None][-1]
+
+    start = [
+        [r[key] for r in rows if r.get(key) is not None][0] for rows in next(iter(results.values()))
+    ]
+    console.print(f"start accuracy per seed {seeds}: " + " / ".join(f"{a:.3f}" for a in start))
+    base = results.get("grpo")
+    for preset, runs in results.items():
+        line = " / ".join(f"{final(rows):.3f}" for rows in runs)
+        if base is not None:
+            diffs = " / ".join(
+                f"{final(a) - final(b):+.3f}" for a, b in zip(runs, base, strict=True)
+            )
+            line += f"   vs grpo on the same seed: {diffs}"
+        console.print(f"{preset:>12} final per seed: {line}")
+
+
 def main() -> None:
     """Run every preset for every seed and print the comparison."""
     p = argparse.ArgumentParser(
@@ -136,6 +157,7 @@ def main() -> None:
             for s, v in sorted(evals.items())
         ]
     console.print(table)
+    _print_paired(results, key, args.seeds)
     plot = plot_comparison(
         series,
         args.out / "comparison.png",

@@ -1,7 +1,8 @@
 """The TRL side of benchmarks/vs_trl.py, and the held-out evaluator both sides are scored with.
 
 Standalone on purpose: it imports only trl, transformers, torch and the standard library (trl
-and transformers lazily, inside functions), so it runs in the isolated TRL venv, and
+and transformers lazily, inside functions) plus looprl's stdlib-only `looprl/envs/arithmetic.py`
+loaded by path, so it runs in the isolated TRL venv, and
 vs_trl.py can import its reward functions into looprl's venv to check they agree with
 looprl's. Two commands, each reading a JSON spec and writing a JSON result:
 
@@ -15,9 +16,8 @@ evaluates to the reference (the turn is scored without running the tool).
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import json
-import operator
 import os
 import re
 import resource
@@ -26,51 +26,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-_BINOPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
 _ANSWER_RE = re.compile(r"answer is\s*(-?[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _TIED = ("model.embed_tokens.weight", "lm_head.weight")
 
 
+def _load_arithmetic() -> Any:
+    """looprl's stdlib-only evaluator, loaded by path: this venv has no looprl installed."""
+    path = Path(__file__).parents[1] / "looprl" / "envs" / "arithmetic.py"
+    spec = importlib.util.spec_from_file_location("looprl_arithmetic", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ARITH = _load_arithmetic()  # the same safe_eval / calculate as looprl's calculator tool
+
+
 # ------------------------------------------------------------------ task logic (stdlib only)
-def safe_eval(expression: str) -> int | float:
-    """Numbers, + - * / // % ** and parentheses; anything else raises ValueError."""
-    if len(expression) > 200:
-        raise ValueError("expression is longer than 200 characters")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ValueError(f"not an arithmetic expression: {expression!r}") from exc
-    return _eval_node(tree.body)
-
-
-def _eval_node(node: ast.AST) -> int | float:
-    value = node.value if isinstance(node, ast.Constant) else None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        inner = _eval_node(node.operand)
-        return -inner if isinstance(node.op, ast.USub) else inner
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        left, right = _eval_node(node.left), _eval_node(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > 64:
-            raise ValueError("exponent larger than 64")
-        result = _BINOPS[type(node.op)](left, right)
-        if abs(result) > 10**30:
-            raise ValueError("result too large")
-        return result
-    raise ValueError(f"unsupported syntax: {ast.dump(node)[:60]}")
-
-
 def calculate(expression: str):  # type: ignore[no-untyped-def]  # no "-> str": see below
     """Evaluate an arithmetic expression and return its value.
 
@@ -79,10 +54,7 @@ def calculate(expression: str):  # type: ignore[no-untyped-def]  # no "-> str": 
     """
     # transformers turns a return annotation into a "return" key of the tool schema, which
     # looprl's schema (and so the rendered prompt) does not have
-    value = safe_eval(expression)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
+    return _ARITH.calculate(expression)
 
 
 def extract_answer(text: str) -> str | None:

@@ -1,7 +1,8 @@
 """The verifiers side of benchmarks/vs_verifiers.py: run calculator episodes, print one JSON line.
 
 Runs inside the isolated verifiers venv (benchmarks/.venvs/verifiers), so it imports only
-verifiers, datasets and the standard library, never looprl. The environment is the classic
+verifiers, datasets and the standard library, never the looprl package (its stdlib-only
+`looprl/envs/arithmetic.py` is loaded by path for the tool). The environment is the classic
 `vf.ToolEnv` (python functions as tools, OpenAI tool calling, a `vf.Rubric` of reward functions)
 driven the way `vf-eval` drives it: `env.generate(..., client=vf.ClientConfig(...),
 max_concurrent=C)`, with the progress bar and logging switched off (looprl's timed path has none).
@@ -16,38 +17,31 @@ rss_before_mib / peak_rss_mib of this process.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import importlib.metadata
+import importlib.util
 import json
 import logging
-import operator
 import re
 import resource
 import time
 from pathlib import Path
 from typing import Any
 
-_BINOPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
 _ANSWER_RE = re.compile(r"answer is\s*(-?[\d,]+(?:\.\d+)?)", re.IGNORECASE)
 
 
-def _eval(node: ast.AST) -> int | float:
-    """Evaluate a parsed arithmetic node: numbers, unary minus and + - * / // %."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_eval(node.operand)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval(node.left), _eval(node.right))
-    raise ValueError(f"unsupported syntax: {ast.dump(node)[:60]}")
+def _load_arithmetic() -> Any:
+    """looprl's stdlib-only evaluator, loaded by path: this venv has no looprl installed."""
+    path = Path(__file__).parents[1] / "looprl" / "envs" / "arithmetic.py"
+    spec = importlib.util.spec_from_file_location("looprl_arithmetic", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ARITH = _load_arithmetic()  # the same safe_eval / calculate as looprl's calculator tool
 
 
 def calculate(expression: str) -> str:
@@ -56,10 +50,7 @@ def calculate(expression: str) -> str:
     Args:
         expression: The expression, e.g. (12 + 3) * 4.
     """
-    value = _eval(ast.parse(expression.strip(), mode="eval").body)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
+    return _ARITH.calculate(expression)
 
 
 def correct_answer(completion: Any, answer: str, **kwargs: Any) -> float:

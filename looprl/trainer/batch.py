@@ -138,12 +138,8 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
     )
 
 
-_FUSED_HEAD_TYPES = {
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-}  # logits = lm_head(decoder(x)), nothing else
+# model types whose logits are exactly lm_head(decoder(x)): no logit scaling or soft-capping
+_FUSED_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
@@ -180,22 +176,17 @@ def forward_logprobs(
     """
     from looprl.algorithms.kl import head_logprobs_entropy
 
-    parts = _decoder_and_head(model)
     sel = batch.loss_mask > 0  # (B, T-1)
-    if parts is None:
+    parts = _decoder_and_head(model)
+    if parts is None:  # the model's own forward and head; score its logits as they are
         out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
-            output_hidden_states=True,
+            output_hidden_states=with_hidden,
             use_cache=False,
         )
-        last = out.hidden_states[-1]  # (B, T, H)
-        logits = out.logits[:, :-1, :][sel]  # (N, V): the model's own head, already applied
-
-        def head(h: torch.Tensor) -> torch.Tensor:
-            return h
-
-        rows_in = logits
+        last = out.hidden_states[-1] if with_hidden else None  # (B, T, H)
+        rows_in, head = out.logits[:, :-1, :][sel], torch.nn.Identity()  # (N, V)
     else:
         decoder, head = parts
         last = decoder(
@@ -209,5 +200,5 @@ def forward_logprobs(
     if with_entropy:
         ent = rows[:, 1] if entropy_grad else rows[:, 1].detach()
         entropy = zeros.masked_scatter(sel, ent)  # (B, T-1)
-    hidden = last[:, :-1, :] if with_hidden else None
+    hidden = last[:, :-1, :] if with_hidden and last is not None else None
     return logprobs, entropy, hidden
