@@ -2,6 +2,7 @@
 
     python -m benchmarks.sandbox                 # all backends, default sizes
     python -m benchmarks.sandbox --calls 100 --backends forkserver
+    python -m benchmarks.sandbox --backends forkserver --preload numpy   # numpy only
 
 For each backend and each snippet (`print(2+2)` and a small numpy + sympy computation) it
 reports the median and p90 latency of sequential calls, the calls per second with 4 concurrent
@@ -159,6 +160,11 @@ async def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--backends", default="forkserver,subprocess,python-c")
     parser.add_argument("--workers", type=int, default=None, help="fork-server workers")
+    parser.add_argument(
+        "--preload",
+        default="numpy,sympy",
+        help="modules each fork-server worker imports (the default is the backend's: numpy,sympy)",
+    )
     args = parser.parse_args(argv)
     meter = CpuMeter()
     limits = SandboxLimits(timeout=30)
@@ -168,7 +174,8 @@ async def main(argv: list[str] | None = None) -> None:
         for backend in args.backends.split(","):
             ex: Executor | None = None
             if backend == "forkserver":
-                ex = ForkServerExecutor(limits, workers=args.workers)
+                preload = tuple(m for m in args.preload.split(",") if m)
+                ex = ForkServerExecutor(limits, workers=args.workers, preload=preload)
                 await ex.start()
                 print(ex.isolation_report().summary(), file=sys.stderr)
             elif backend == "subprocess":

@@ -295,6 +295,12 @@ def _sft_parser(sub: Any) -> None:
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=2048,
+        help="padded tokens per forward pass; gradients of a batch's parts are accumulated",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_sft_command)
 
@@ -329,6 +335,7 @@ def run_sft_command(args: argparse.Namespace, extra: list[str]) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
+        micro_batch_tokens=args.micro_batch_tokens,
         log=log,
     )
     export_hf(model, tokenizer, Path(args.output))

@@ -83,10 +83,16 @@ def sft_train(
     batch_size: int = 16,
     seed: int = 0,
     warmup_frac: float = 0.05,
+    micro_batch_tokens: int = 2048,
     log: Any = None,
 ) -> list[float]:
-    """Masked next-token cross-entropy with AdamW and a cosine schedule; returns the loss per step."""
-    device = next(model.parameters()).device
+    """Masked next-token cross-entropy with AdamW and a cosine schedule; returns the loss per step.
+
+    Each batch is cut into micro-batches of at most `micro_batch_tokens` padded tokens (one
+    example per micro-batch when it is longer) whose gradients are accumulated.
+    """
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
     rng = random.Random(seed)
     steps = max(1, math.ceil(len(examples) * epochs / batch_size))
     opt = torch.optim.AdamW(
@@ -105,7 +111,8 @@ def sft_train(
         ),
     )
     order: list[int] = []
-    losses = []
+    losses: list[float] = []
+    log_every = max(1, min(20, steps // 10))
     model.train()
     t0 = time.perf_counter()
     for step in range(steps):
@@ -114,40 +121,77 @@ def sft_train(
             rng.shuffle(perm)
             order += perm
         chunk, order = order[:batch_size], order[batch_size:]
-        loss = _sft_loss(model, [examples[i] for i in chunk], device)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = sft_backward(model, [examples[i] for i in chunk], micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss.detach()))
-        if log is not None and (step % 20 == 0 or step == steps - 1):
+        losses.append(loss)
+        if log is not None and (step % log_every == 0 or step == steps - 1):
             log(step + 1, steps, losses[-1], time.perf_counter() - t0)
     model.eval()
     return losses
 
 
-def _sft_loss(
-    model: torch.nn.Module, batch: list[SFTExample], device: torch.device
-) -> torch.Tensor:
+def _pad(batch: list[SFTExample], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, loss mask) padded to the longest example, each (B, T)."""
     t_max = max(len(e.token_ids) for e in batch)
     ids = torch.zeros((len(batch), t_max), dtype=torch.long)
     attn = torch.zeros_like(ids)
-    mask = torch.zeros((len(batch), t_max), dtype=torch.float32)
+    mask = torch.zeros((len(batch), t_max), dtype=torch.bool)
     for i, e in enumerate(batch):
         n = len(e.token_ids)
         ids[i, :n] = torch.tensor(e.token_ids)
         attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(e.mask, dtype=torch.float32)
-    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
-    logits = (
-        model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
-    )  # (B, T-1, V)
-    nll = torch.nn.functional.cross_entropy(
-        logits.transpose(1, 2), ids[:, 1:], reduction="none"
-    )  # (B, T-1)
-    m = mask[:, 1:]
-    return (nll * m).sum() / m.sum().clamp(min=1.0)
+        mask[i, :n] = torch.tensor(e.mask, dtype=torch.bool)
+    return ids.to(device), attn.to(device), mask.to(device)
+
+
+def masked_logprobs(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Tensor:
+    """Log-probabilities of the trained tokens of `batch`, flattened (N,).
+
+    The output projection runs on trained positions only, chunk by chunk (as in the RL update),
+    so memory does not grow with vocabulary x sequence length.
+    """
+    from looprl.algorithms.kl import head_logprobs_entropy
+    from looprl.trainer.batch import decoder_and_head
+
+    ids, attn, mask = _pad(batch, next(model.parameters()).device)
+    sel = mask[:, 1:]  # token t+1 is predicted from position t
+    parts = decoder_and_head(model)
+    if parts is None:  # logits with scaling or soft-capping: use the model's own
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
+        rows, head = logits[:, :-1][sel], torch.nn.Identity()  # (N, V)
+    else:
+        decoder, head = parts
+        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        rows = hidden[:, :-1][sel]  # (N, H)
+    return head_logprobs_entropy(rows, head, ids[:, 1:][sel])[:, 0]  # (N,)
+
+
+def micro_batches(batch: list[SFTExample], max_tokens: int) -> list[list[SFTExample]]:
+    """Split `batch` (sorted by length) so each part's padded size stays within `max_tokens`."""
+    parts: list[list[SFTExample]] = []
+    for ex in sorted(batch, key=lambda e: len(e.token_ids)):
+        if parts and len(ex.token_ids) * (len(parts[-1]) + 1) <= max_tokens:
+            parts[-1].append(ex)
+        else:
+            parts.append([ex])
+    return parts
+
+
+def sft_backward(model: torch.nn.Module, batch: list[SFTExample], max_tokens: int) -> float:
+    """Backward of the mean NLL over the batch's trained tokens, micro-batch by micro-batch.
+
+    Returns the loss; the gradient is the same as one pass over the whole batch.
+    """
+    total = max(1, sum(sum(e.mask[1:]) for e in batch))
+    loss = 0.0
+    for part in micro_batches(batch, max_tokens):
+        part_loss = -masked_logprobs(model, part).sum() / total
+        part_loss.backward()
+        loss += float(part_loss.detach())
+    return loss
 
 
 def examples_from_rows(

@@ -142,7 +142,7 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
 _FUSED_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
-def _decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+def decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
     """(decoder trunk, output projection) when logits are exactly head(trunk(x)), else None.
 
     Works through a PEFT wrapper (attribute access reaches the base model, LoRA layers stay in
@@ -177,7 +177,7 @@ def forward_logprobs(
     from looprl.algorithms.kl import head_logprobs_entropy
 
     sel = batch.loss_mask > 0  # (B, T-1)
-    parts = _decoder_and_head(model)
+    parts = decoder_and_head(model)
     if parts is None:  # the model's own forward and head; score its logits as they are
         out = model(
             input_ids=batch.input_ids,
