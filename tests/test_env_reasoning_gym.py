@@ -89,3 +89,38 @@ async def test_token_limit_truncates_the_answer(tiny_tokenizer):
     )
     assert ep.truncated and ep.stop_reason == "max_tokens" and ep.num_generated_tokens == 8
     assert ep.reward == 0.0 and ep.rewards["answer_format"] == 0.0
+
+
+def test_training_stream_cycles_a_finite_dataset():
+    """A dataset smaller than a generator epoch trains: each epoch is the whole train split,
+    reshuffled, and a resumed stream continues exactly."""
+    import itertools
+
+    env = load_environment("basic_arithmetic", size=60, min_terms=2, max_terms=2, max_digits=1)
+    pool = {t.id for t in env.get_tasks("train", 1000, seed=0)}
+    assert 0 < len(pool) < 60
+    stream = [t.id for t in itertools.islice(env.iter_train_tasks(seed=3), 3 * len(pool))]
+    epochs = [stream[i : i + len(pool)] for i in range(0, len(stream), len(pool))]
+    assert all(set(e) == pool for e in epochs) and epochs[0] != epochs[1]
+    resumed = [t.id for t in itertools.islice(env.iter_train_tasks(seed=3, start=len(pool) + 5), 9)]
+    assert resumed == stream[len(pool) + 5 : len(pool) + 14]
+
+
+def test_training_stream_refuses_a_generator_that_changes_size():
+    from looprl.envs.base import SingleTurnEnv
+
+    sizes = iter([5, 3])
+
+    def shrinking(n: int, seed: int) -> list[Task]:
+        return [
+            Task(id=f"t{i}", prompt=[Message(role="user", content=str(i))])
+            for i in range(next(sizes))
+        ]
+
+    env = SingleTurnEnv(name="shrinking", rubric=None, train_tasks=shrinking)
+    stream = env.iter_train_tasks(seed=0)
+    assert len([next(stream) for _ in range(5)]) == 5
+    with pytest.raises(
+        ValueError, match="generated 3 training tasks for epoch 1 but 5 for epoch 0"
+    ):
+        next(stream)

@@ -22,6 +22,8 @@ from looprl.tools.executor import ToolExecutor, count_tool_errors
 from looprl.tools.schema import make_tools
 from looprl.types import Message, Task
 
+GENERATED_EPOCH = 1000  # tasks asked of a training-task generator per epoch
+
 TaskSource = list[Task] | Callable[[int, int], list[Task]]
 
 
@@ -103,34 +105,45 @@ class Environment:
     def iter_train_tasks(self, seed: int, start: int = 0) -> Iterator[Task]:
         """An endless, seeded stream of training tasks starting at cursor `start` (for resume).
 
-        Generators are asked for epochs of 1000 tasks (seeded by epoch); a task list is
-        reshuffled each epoch. The same (seed, cursor) always yields the same task.
+        Generators are asked for epochs of 1000 tasks (seeded by epoch); one with a smaller
+        pool (a finite dataset) gives what it has, and that count is the epoch size. A task list
+        is reshuffled each epoch. The same (seed, cursor) always yields the same task.
         """
-        epoch_size = len(self.train_tasks) if isinstance(self.train_tasks, list) else 1000
-        if epoch_size == 0:
-            raise ValueError(f"environment {self.name!r} has an empty train task list")
+        if isinstance(self.train_tasks, list):
+            if not self.train_tasks:
+                raise ValueError(f"environment {self.name!r} has an empty train task list")
+            cached: tuple[int, list[Task]] | None = None
+            epoch_size = len(self.train_tasks)
+        else:
+            cached = (0, self._epoch(seed, 0, GENERATED_EPOCH))
+            epoch_size = len(cached[1])
         i = start
-        cached: tuple[int, list[Task]] | None = None
         while True:
             epoch, offset = divmod(i, epoch_size)
             if cached is None or cached[0] != epoch:
-                cached = (epoch, self._epoch(seed, epoch, epoch_size))
+                tasks = self._epoch(seed, epoch, epoch_size)
+                if len(tasks) < epoch_size:
+                    raise ValueError(
+                        f"environment {self.name!r} generated {len(tasks)} training tasks for "
+                        f"epoch {epoch} but {epoch_size} for epoch 0; its generator must give "
+                        "the same number every epoch"
+                    )
+                cached = (epoch, tasks)
             yield cached[1][offset]
             i += 1
 
     def _epoch(self, seed: int, epoch: int, size: int) -> list[Task]:
+        """Up to `size` training tasks of one epoch (raises when there are none)."""
         source = self.train_tasks
         if source is None:
             raise ValueError(f"environment {self.name!r} has no train tasks")
         if callable(source):
-            tasks = source(size, seed * 100_003 + epoch)
+            tasks = list(source(size, seed * 100_003 + epoch))[:size]
         else:
             tasks = list(source)
             random.Random(seed * 100_003 + epoch).shuffle(tasks)
-        if len(tasks) < size:
-            raise ValueError(
-                f"environment {self.name!r} generated {len(tasks)} tasks, {size} were asked for"
-            )
+        if not tasks:
+            raise ValueError(f"environment {self.name!r} generated no training tasks")
         return [self._prepare(t) for t in tasks]
 
     def _prepare(self, task: Task) -> Task:
