@@ -177,7 +177,9 @@ def _install_streams(limits: dict[str, Any]) -> None:
 
 
 def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
-    for stream in (sys.stdout, sys.stderr):
+    """Write what the cell left buffered; a write that fails is reported, never dropped silently."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
         try:
             stream.flush()
         except OutputLimitExceeded:
@@ -185,8 +187,11 @@ def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
                 status="output_limit",
                 message=f"output passed the {limits['max_output_bytes']}-byte limit",
             )
-        except OSError:
-            pass
+        except (OSError, ValueError) as exc:  # e.g. the code closed descriptor 1
+            if result["status"] == "ok":
+                result["status"] = "error"
+            note = f"{name} could not be written ({type(exc).__name__}: {exc}); output was lost"
+            result["message"] = (result["message"] + "; " if result["message"] else "") + note
 
 
 def _reap() -> None:
