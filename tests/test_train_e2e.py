@@ -149,3 +149,18 @@ def test_kill_9_and_resume_from_cli(tmp_path):
                               capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert straight.returncode == 0
     assert resumed == [stable(r) for r in read_metrics(tmp_path / "straight")]
+
+
+def test_a_second_run_into_a_used_directory_is_refused_and_changes_nothing(tmp_path, capsys):
+    from looprl.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "config.json").write_text("the earlier run's config")
+    code = main(["train", "--run-dir", str(run), "--model.name", "tiny", "--env.name", LENGTH_ENV])
+    assert code == 2
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "already holds a training run" in out and "--resume" in out and "--run.name" in out
+    assert (run / "config.json").read_text() == "the earlier run's config"
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'

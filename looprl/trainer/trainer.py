@@ -17,7 +17,7 @@ from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.trainer import setup as S
 from looprl.trainer.batch import group_advantages
-from looprl.trainer.config import TrainConfig
+from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.types import EpisodeResult, SamplingParams, Task
 
@@ -41,6 +41,12 @@ class Trainer:
             or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
         self.run_dir = run_dir or Path(cfg.run.output_dir) / name
+        metrics = self.run_dir / "metrics.jsonl"
+        if not resume and metrics.is_file() and metrics.stat().st_size > 0:
+            raise ConfigError(  # before anything is written: the earlier run stays intact
+                f"{self.run_dir} already holds a training run; continue it with --resume, or "
+                "start a new one under another name (--run.name NAME or --run-dir DIR)"
+            )
         self.resume = resume
         self.step = 0
         self.cursor = 0
