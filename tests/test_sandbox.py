@@ -345,7 +345,6 @@ async def test_exiting_the_interpreter(box):
     assert r.status == "error" and r.model_fault, r
 
 
-
 async def test_closing_stdout_is_the_codes_error_not_silent_loss(box):
     r = await box.execute("import os\nprint('lost')\nos.close(1)")
     assert r.status == "error" and r.model_fault, r
