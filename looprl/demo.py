@@ -193,6 +193,7 @@ def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
          "run.output_dir": str(out), "run.name": "grpo"},
     )  # fmt: skip
     console.rule(f"GRPO for {args.rl_steps} steps")
+    shutil.rmtree(out / "grpo", ignore_errors=True)  # the demo starts over each time it runs
     trainer = Trainer(cfg)
     trainer.run()
     return trainer.run_dir

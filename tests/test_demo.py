@@ -23,3 +23,9 @@ def test_demo_runs_every_phase_on_a_tiny_budget(tmp_path, capsys):
     greedy = json.loads((out / "eval_after_greedy" / "metadata.json").read_text())
     assert greedy["sampling"]["temperature"] == 0.0
     assert (out / "grpo" / "final" / "config.json").exists()
+    # `make demo` twice in a row: the second run starts over in the same directory
+    assert main([*args, "--eval-rollouts", "1", "--rl-steps", "2"]) == 0
+    steps = [
+        json.loads(x)["step"] for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps[-1] == 2 and steps.count(1) == 1
