@@ -298,8 +298,9 @@ def _sft_parser(sub: Any) -> None:
     p.add_argument(
         "--micro-batch-tokens",
         type=int,
-        default=2048,
-        help="padded tokens per forward pass; gradients of a batch's parts are accumulated",
+        default=None,
+        help="bound memory: padded tokens per forward pass (e.g. 2048), gradients accumulated "
+        "and the vocabulary projection on trained tokens only; default: one full-logits pass",
     )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_sft_command)

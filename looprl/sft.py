@@ -83,15 +83,17 @@ def sft_train(
     batch_size: int = 16,
     seed: int = 0,
     warmup_frac: float = 0.05,
-    micro_batch_tokens: int = 2048,
+    micro_batch_tokens: int | None = None,
     log: Any = None,
 ) -> list[float]:
     """Masked next-token cross-entropy with AdamW and a cosine schedule; returns the loss per step.
 
-    Each batch is cut into micro-batches of at most `micro_batch_tokens` padded tokens (one
-    example per micro-batch when it is longer) whose gradients are accumulated.
+    With `micro_batch_tokens`, each batch is cut into micro-batches of at most that many padded
+    tokens (one example per micro-batch when it is longer) whose gradients are accumulated, and
+    the vocabulary projection runs on trained positions only: the same loss in bounded memory.
+    Without it (the default) the batch is one full-logits pass, as originally implemented.
     """
-    if micro_batch_tokens < 1:
+    if micro_batch_tokens is not None and micro_batch_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
     rng = random.Random(seed)
     steps = max(1, math.ceil(len(examples) * epochs / batch_size))
@@ -121,8 +123,15 @@ def sft_train(
             rng.shuffle(perm)
             order += perm
         chunk, order = order[:batch_size], order[batch_size:]
-        opt.zero_grad(set_to_none=True)
-        loss = sft_backward(model, [examples[i] for i in chunk], micro_batch_tokens)
+        batch = [examples[i] for i in chunk]
+        if micro_batch_tokens is None:
+            full = full_logits_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            full.backward()
+            loss = float(full.detach())
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = sft_backward(model, batch, micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -145,6 +154,20 @@ def _pad(batch: list[SFTExample], device: torch.device) -> tuple[torch.Tensor, .
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(e.mask, dtype=torch.bool)
     return ids.to(device), attn.to(device), mask.to(device)
+
+
+def full_logits_loss(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Tensor:
+    """Mean NLL over the batch's trained tokens from the full logits, in one pass.
+
+    The original implementation, kept as the default so earlier results (the demo's) reproduce
+    bit for bit; it holds (batch x length x vocabulary) logits, so bound memory with
+    `micro_batch_tokens` for long conversations or large vocabularies.
+    """
+    ids, attn, mask = _pad(batch, next(model.parameters()).device)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    m = mask[:, 1:].float()
+    return (nll * m).sum() / m.sum().clamp(min=1.0)
 
 
 def masked_logprobs(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Tensor:

@@ -76,3 +76,16 @@ def test_sft_train_lowers_the_loss_and_refuses_a_bad_budget():
     assert losses[-1] < losses[0] * 0.8
     with pytest.raises(ValueError, match="micro_batch_tokens must be >= 1"):
         sft_train(model, data, micro_batch_tokens=0)
+
+
+def test_default_full_logits_loss_matches_the_micro_batched_one():
+    from looprl.sft import full_logits_loss
+
+    batch = examples(6, seed=4)
+    model = small_model()
+    assert float(full_logits_loss(model, batch).detach()) == pytest.approx(
+        float(reference_loss(model, batch).detach()), rel=1e-6
+    )
+    assert sft_backward(model, batch, 30) == pytest.approx(
+        float(full_logits_loss(model, batch).detach()), rel=1e-5
+    )
