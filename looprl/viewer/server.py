@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import threading
 import traceback
@@ -281,6 +282,8 @@ def serve(
     print(f"looprl view: open {server.url}  (Ctrl-C to stop)", flush=True)
     if open_browser:
         webbrowser.open(server.url)
+    # a shell's background job (`cmd &`) starts with SIGINT ignored; Ctrl-C / SIGINT must stop us
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
