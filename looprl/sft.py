@@ -124,13 +124,12 @@ def sft_train(
             order += perm
         chunk, order = order[:batch_size], order[batch_size:]
         batch = [examples[i] for i in chunk]
+        opt.zero_grad(set_to_none=True)
         if micro_batch_tokens is None:
             full = full_logits_loss(model, batch)
-            opt.zero_grad(set_to_none=True)
             full.backward()
             loss = float(full.detach())
         else:
-            opt.zero_grad(set_to_none=True)
             loss = sft_backward(model, batch, micro_batch_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
