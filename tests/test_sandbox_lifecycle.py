@@ -111,13 +111,36 @@ def test_only_a_child_that_dies_before_it_is_ready_is_a_sandbox_error(ready):
     assert not child.alive
 
 
-async def test_each_call_draws_its_own_numpy_random_numbers():
-    """Children forked from one worker must not replay the worker's np.random state."""
+async def test_each_call_draws_its_own_random_numbers():
+    """Children forked from one worker must not replay the worker's np.random or random state
+    (the worker forks through libc, so Python's at-fork reseed of `random` does not run)."""
     ex = ForkServerExecutor(LIMITS, workers=1)  # default preload and warm-up import np.random
     try:
-        code = "import numpy as np\nprint(np.random.rand())"
-        draws = [(await ex.execute(code)).stdout for _ in range(5)]
-        assert all(d.strip() for d in draws), draws
-        assert len(set(draws)) == 5, draws
+        code = "import random, numpy as np\nprint(np.random.rand(), random.random())"
+        draws = [(await ex.execute(code)).stdout.split() for _ in range(5)]
+        assert all(len(d) == 2 for d in draws), draws
+        assert len({d[0] for d in draws}) == 5, draws
+        assert len({d[1] for d in draws}) == 5, draws
+        session = [(await ex.execute(code, session_id="s")).stdout.split() for _ in range(3)]
+        assert len({d[1] for d in session}) == 3, session
+    finally:
+        await ex.close()
+
+
+async def test_threads_work_in_a_child_forked_without_python_hooks():
+    """threading's after-fork reset is skipped; the child's main thread and new threads still work."""
+    ex = ForkServerExecutor(LIMITS, workers=1)
+    try:
+        code = (
+            "import threading\n"
+            "out = []\n"
+            "t = threading.Thread(target=lambda: out.append(threading.current_thread().name))\n"
+            "t.start(); t.join()\n"
+            "print(threading.current_thread() is threading.main_thread(), out, threading.active_count())"
+        )
+        for _ in range(2):
+            result = await ex.execute(code)
+            assert result.ok, result
+            assert result.stdout.strip() == "True ['Thread-1 (<lambda>)'] 1", result
     finally:
         await ex.close()
