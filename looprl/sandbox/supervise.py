@@ -41,6 +41,8 @@ class Child:
     alive: bool = True
     reaped: bool = False
     ready: bool = False
+    reap: Callable[[int], tuple[int, float]] | None = None
+    """Waits for the exited child when its parent is not the supervisor: (wait status, CPU s)."""
 
     def close(self) -> None:
         """Close every descriptor held for the child."""
@@ -172,11 +174,14 @@ def _exited_nohang(pid: int) -> bool:
 def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
     """Status and message for a child that died without reporting a result."""
     try:
-        _, status, usage = os.wait4(child.pid, 0)
+        if child.reap is not None:
+            status, cpu = child.reap(child.pid)
+        else:
+            _, status, usage = os.wait4(child.pid, 0)
+            cpu = usage.ru_utime + usage.ru_stime
     except ChildProcessError:
         return "killed", "the sandbox process disappeared before finishing"
     child.reaped = True
-    cpu = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)

@@ -1,9 +1,10 @@
-"""The fork-server worker: a preloaded interpreter that runs each call in a fresh, hardened child.
+"""The fork-server worker: supervises calls, each in a fresh, hardened child of its template.
 
 Started by `ForkServerExecutor` as `python -I -c <bootstrap>`; it talks to the pool through
-frames on stdin/stdout (see `proto`). After entering its namespaces and importing the preload
-list (numpy, sympy), it keeps one *spare* child forked and hardened in advance, so a call costs
-a pipe round trip instead of a fork. Each stateless call uses the spare once, then the worker
+frames on stdin/stdout (see `proto`). After entering its namespaces it forks its *template*
+(see `template`), the process that imports the preload list (numpy, sympy) and forks the
+children; the worker itself stays small. It keeps one *spare* child forked and hardened in
+advance, so a call costs a pipe round trip instead of a fork. Each stateless call uses the spare once, then the worker
 kills every process of that call's uid, deletes its scratch directory (inside the worker's own
 size-limited tmpfs) and forks the next spare, after replying so that the pool does not wait for
 it. A session is a child that serves many cells, with a tmpfs of its own.
@@ -15,16 +16,15 @@ Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "co
 from __future__ import annotations
 
 import contextlib
-import gc
-import importlib
 import os
 import signal
 import sys
 import time
 from typing import Any
 
-from looprl.sandbox import isolation, landlock, proto, runner, seccomp
+from looprl.sandbox import isolation, landlock, proto, seccomp
 from looprl.sandbox.supervise import Child, supervise, wait_gone
+from looprl.sandbox.template import Template, TemplateGone
 
 
 class Worker:
@@ -61,14 +61,11 @@ class Worker:
         if probe["landlock_abi"]:
             rw = [self.slot, "/dev/null"]
             self.ruleset = landlock.build(self.policy["read_only"], rw, probe["landlock_abi"])
+        self.template: Template | None = None  # set by `main`, once the template is up
         self.spare: Child | None = None
         self.last_child: Child | None = None
         self.sessions: dict[str, Child] = {}
         self.counter = 0
-
-    def _baseline_vm(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
     def spawn(self, uid: int | None, persistent: bool) -> Child:
         """Fork a hardened child waiting for its first cell (a session when `persistent`)."""
@@ -79,36 +76,33 @@ class Worker:
         else:
             scratch = self.call_scratch
             isolation.make_scratch(scratch, uid, 0, tmpfs=False)
-        self.policy["baseline_vm"] = self._baseline_vm()
         ctl_r, ctl_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         fds = [os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r]
-        ruleset = None if persistent else self.ruleset
-        _reseed_numpy()  # here, not in the child: each child inherits a state of its own for free
-        pid = isolation.fork_child()
-        if pid == 0:  # the child: never returns
-            _child_main(
-                fds + ([ruleset] if ruleset is not None else []), self, scratch, uid, persistent
-            )
+        assert self.template is not None
+        try:
+            pid = self.template.spawn(fds, scratch, uid, persistent)
+        except BaseException:
+            for fd in (*fds, ctl_w, res_r, out_r, err_r):
+                os.close(fd)
+            raise
         os.close(fds[0])
         for fd in (ctl_r, res_w, out_w, err_w):
             os.close(fd)
         for fd in (res_r, out_r, err_r):
             os.set_blocking(fd, False)
         pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-        return Child(pid, pidfd, ctl_w, res_r, out_r, err_r, uid, scratch, persistent)
+        pipes = (ctl_w, res_r, out_r, err_r)
+        return Child(pid, pidfd, *pipes, uid, scratch, persistent, reap=self.template.reap)
 
     def sweep(self, child: Child, keep_self: bool) -> None:
         """Kill everything the child's code started (and the child unless `keep_self`), then reap."""
         uid = child.uid
         if uid is not None and not keep_self:
             _kill_uid(uid)
-            if not child.reaped:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(child.pid, 0)  # block (no polling) until its exit is complete
-                child.reaped = True
+            self._reap_child(child)  # blocks (no polling) until its exit is complete
             wait_gone(lambda: _uid_alive(uid), _reap)  # then anything it started
             return
         victims = _descendants(child.pid) | self._strays()
@@ -116,13 +110,24 @@ class Worker:
             victims.add(child.pid)
         for pid in victims:
             _kill(pid)
+        if not keep_self:
+            self._reap_child(child)
         wait_gone(lambda: any(_running(pid) for pid in victims), _reap)
+
+    def _reap_child(self, child: Child) -> None:
+        """Collect the child's exit through the template (its parent)."""
+        if not child.reaped and self.template is not None:
+            with contextlib.suppress(ChildProcessError):
+                self.template.reap(child.pid)
+            child.reaped = True
 
     def _strays(self) -> set[int]:
         """Processes parented to this worker (escaped orphans) that are not spares or sessions."""
         known = {s.pid for s in self.sessions.values()} | (
             {self.spare.pid} if self.spare else set()
         )
+        if self.template is not None:
+            known.add(self.template.pid)
         strays = set()
         for pid in _children(os.getpid()):
             if pid not in known:
@@ -182,6 +187,8 @@ class Worker:
         if self.spare is not None:
             self.discard(self.spare)
             self.spare = None
+        if self.template is not None:
+            self.template.close()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer one request from the pool."""
@@ -194,49 +201,6 @@ class Worker:
             self.close_session(req["sid"])
             return {"ok": True}
         raise ValueError(f"unknown worker op {op!r}")
-
-
-def _child_main(
-    fds: list[int], worker: Worker, scratch: str, uid: int | None, persistent: bool
-) -> None:
-    """Body of a forked child: move fds into place, harden, serve cells; always os._exit.
-
-    `fds` are stdin, stdout, stderr, result, control, and optionally a Landlock ruleset; they
-    become descriptors 0, 1, 2, 3, 4 (and 5); every other descriptor is closed.
-    """
-    code = 70
-    try:
-        high = [os.dup(fd) for fd in fds]  # dups land above the originals, so no clobbering below
-        for target, fd in enumerate(high):
-            os.dup2(fd, target)
-        os.closerange(len(fds), 1 << 16)
-        ruleset = 5 if len(fds) > 5 else None
-        isolation.harden_child(worker.policy, scratch, uid, persistent, ruleset)
-        code = 71
-        runner.serve(worker.limits, persistent)
-    except BaseException as exc:  # noqa: BLE001 - report any setup failure through stderr
-        try:
-            os.write(
-                2, f"sandbox setup failed (stage {code}): {type(exc).__name__}: {exc}\n".encode()
-            )
-        finally:
-            os._exit(code)
-    os._exit(0)
-
-
-def _reseed_numpy() -> None:
-    """Give the next child its own numpy global random state (Python's `random` is reseeded by
-    `isolation.fork_child`). Without it every call forked from one worker would draw the same
-    `np.random` numbers.
-
-    Run in the process that forks, just before each fork, with a fresh 32-bit seed from the OS:
-    `np.random.seed()` (128 bits through SeedSequence) cost ~0.2 ms of CPU and ~115 page
-    faults each time, the 32-bit path ~5 us. Two calls get the same numbers only if their
-    seeds collide (about 1 in 4 billion per pair).
-    """
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed(int.from_bytes(os.urandom(4), "little"))
 
 
 def _kill(pid: int) -> None:
@@ -337,39 +301,6 @@ def _owner(name: str) -> int:
         return -1
 
 
-WARMUP = {
-    "numpy": (
-        "import numpy as np\n"
-        "np.linalg.det(np.eye(3)); np.linalg.solve(np.eye(2), np.ones(2)); np.linalg.eig(np.eye(2))\n"
-        "np.random.default_rng(0).random(3); str(np.arange(3)); repr(np.float64(1.0))\n"
-        "np.fft.fft(np.ones(4)); np.polyfit([0, 1, 2], [0, 1, 2], 1)\n"
-    ),
-    "sympy": (
-        "import sympy as sp\n"
-        "x = sp.Symbol('x')\n"
-        "sp.factor(x**2 - 1); sp.expand((x + 1)**3); sp.simplify(sp.sin(x)**2 + sp.cos(x)**2)\n"
-        "sp.solve(x**2 - 4, x); sp.solveset(x**2 - 1, x); sp.Rational(1, 3) + sp.Rational(1, 6)\n"
-        "sp.nsimplify(0.5); sp.integrate(x**2, x); sp.diff(sp.sin(x), x); sp.Matrix([[1, 2], [3, 4]]).det()\n"
-        "sp.sqrt(8); sp.latex(x**2); sp.sympify('x + 1'); sp.isprime(97); sp.N(sp.pi, 20); sp.gcd(12, 18)\n"
-        "sp.binomial(5, 2); sp.limit(sp.sin(x) / x, x, 0); sp.series(sp.exp(x), x, 0, 3)\n"
-    ),
-}
-"""Code run once per worker so the lazy imports and caches of common calls are shared by every child."""
-
-
-def _preload(modules: list[str], warmup: bool) -> None:
-    """Import the preload list, warm its common paths, then freeze the heap for the children."""
-    for name in modules:
-        importlib.import_module(name)
-        if warmup and name in WARMUP:
-            try:
-                exec(WARMUP[name], {"__name__": "__warmup__"})
-            except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs speed
-                sys.stderr.write(f"looprl sandbox worker: warm-up of {name} failed: {exc}\n")
-    gc.collect()
-    gc.freeze()  # keep the preloaded heap shared with the children (no copy-on-write by the GC)
-
-
 def main() -> None:
     """Entry point of a worker process (see the module docstring)."""
     config = proto.read_frame(0)
@@ -391,11 +322,9 @@ def main() -> None:
         features["subreaper"] = True
     except OSError:
         features["subreaper"] = False
-    _preload(config.get("preload", []), config.get("warmup", True))
-    if config.get("hugepages", True):
-        features["hugepages"] = isolation.collapse_heap()
     worker = Worker(config, features)
-    isolation.prepare_worker_process(worker.policy, worker.call_scratch)
+    worker.template = Template(worker, config)  # it imports the preload list, not this process
+    features.update(worker.template.features)
     worker.spare = worker.spawn(worker.uid, persistent=False)
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
     serve_pool(worker)
@@ -411,6 +340,9 @@ def serve_pool(worker: Worker) -> None:
         start = time.monotonic()
         try:
             reply = worker.handle(req)
+        except TemplateGone as exc:  # nothing more can be forked: exit, the pool starts anew
+            sys.stderr.write(f"looprl sandbox worker: {exc}\n")
+            os._exit(75)
         except Exception as exc:  # noqa: BLE001 - report, never die, on a bad request
             reply = {
                 "status": "sandbox_error",
@@ -421,5 +353,8 @@ def serve_pool(worker: Worker) -> None:
         if req.get("op") in ("exec", "session"):
             try:
                 worker.after_exec(req)
+            except TemplateGone as exc:
+                sys.stderr.write(f"looprl sandbox worker: {exc}\n")
+                os._exit(75)
             except Exception as exc:  # noqa: BLE001 - a failed clean-up must not kill the worker
                 sys.stderr.write(f"looprl sandbox worker: clean-up failed: {exc}\n")
