@@ -144,3 +144,63 @@ async def test_threads_work_in_a_child_forked_without_python_hooks():
             assert result.stdout.strip() == "True ['Thread-1 (<lambda>)'] 1", result
     finally:
         await ex.close()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+async def test_a_dead_template_is_a_sandbox_error_then_replaced():
+    """The template (the process that forks the sandboxes) dies under a call: the worker
+    cannot fork any more, so it exits, the call is the infrastructure's fault, and a new
+    worker takes over."""
+    ex = small_pool()
+    try:
+        call = asyncio.create_task(ex.execute("import time\ntime.sleep(5)"))
+        await asyncio.sleep(0.3)
+        outer = ex._workers[0].proc
+        assert outer is not None
+        (worker,) = _children(outer.pid)  # the worker is PID 1 of its own PID namespace
+        templates = _children(worker)
+        assert templates
+        for pid in templates:
+            os.kill(pid, 9)
+        r = await call
+        assert r.status == "sandbox_error" and not r.model_fault, r
+        assert (await ex.execute("print('back')")).stdout == "back\n"
+    finally:
+        await ex.close()
+
+
+async def test_calls_that_do_not_name_sympy_fork_from_the_lean_template():
+    """numpy-only template for code that does not mention sympy; the full one otherwise and
+    for sessions; a hidden import still works; lean_preload=None keeps one template."""
+    probe = "import sys\nprint(sorted(m for m in ('numpy', 'sym' 'py') if m in sys.modules))"
+    ex = ForkServerExecutor(LIMITS, workers=1)
+    try:
+        assert (await ex.execute(probe)).stdout == "['numpy']\n"
+        assert (await ex.execute(probe + "  # sympy")).stdout == "['numpy', 'sympy']\n"
+        assert (await ex.execute(probe, session_id="s")).stdout == "['numpy', 'sympy']\n"
+        hidden = await ex.execute("m = __import__('sym' + 'py')\nprint(m.Integer(2) + 1)")
+        assert hidden.ok and hidden.stdout == "3\n", hidden
+        assert "numpy preloaded" in ex.isolation_report().features["lean_template"]
+    finally:
+        await ex.close()
+    single = ForkServerExecutor(LIMITS, workers=1, lean_preload=None)
+    try:
+        assert (await single.execute(probe)).stdout == "['numpy', 'sympy']\n"
+        assert "lean_template" not in single.isolation_report().features
+    finally:
+        await single.close()
+
+
+async def test_workers_without_namespaces_keep_their_scratch_apart():
+    """Debug mode (no namespaces): workers share one scratch root, so each has its own slot."""
+    ex = ForkServerExecutor(LIMITS, workers=2, preload=(), warmup=False, namespaces=False)
+    try:
+        code = "import os\nopen('f', 'w').write('x')\nprint(os.listdir('.'))"
+        results = await asyncio.gather(*(ex.execute(code) for _ in range(6)))
+        assert all(r.ok and r.stdout == "['f']\n" for r in results), results
+    finally:
+        await ex.close()

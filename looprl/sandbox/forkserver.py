@@ -78,6 +78,11 @@ class ForkServerExecutor(Executor):
         limits: Resource limits per call.
         workers: Worker processes, i.e. calls that run at once (default 2 x CPU cores, 2..16).
         preload: Modules each worker imports once so calls need not (numpy and sympy).
+        lean_preload: A smaller preload list for a second template per worker: a call whose code
+            does not name any module of `preload` missing from it (by default: does not
+            contain "sympy") is forked from a template that imported only these (numpy), which
+            is cheaper to fork and to exit. A call that imports sympy some other way still
+            works, paying the import. None: one template with the whole `preload`.
         max_sessions: Open sessions kept; the least recently used is closed beyond that.
         session_idle_seconds: Sessions unused this long are closed.
         python: Interpreter for the workers (default: this one).
@@ -93,6 +98,7 @@ class ForkServerExecutor(Executor):
         *,
         workers: int | None = None,
         preload: tuple[str, ...] = ("numpy", "sympy"),
+        lean_preload: tuple[str, ...] | None = ("numpy",),
         max_sessions: int = 256,
         session_idle_seconds: float = 900.0,
         python: str | None = None,
@@ -106,14 +112,18 @@ class ForkServerExecutor(Executor):
             )
         self.n_workers = workers or min(16, max(2, 2 * (os.cpu_count() or 1)))
         self.preload = tuple(preload)
+        self.lean_preload = None if lean_preload is None else tuple(lean_preload)
         self.max_sessions = max_sessions
         self.session_idle_seconds = session_idle_seconds
         self.python = python or sys.executable
         self.namespaces = namespaces
         self.warmup = warmup
         self._uid_base = (1 << 20) + secrets.randbelow(30000) * _UID_SPAN
-        self._uid_next = self.n_workers
-        self._workers = [WorkerProcess(i, self._uid_base + i) for i in range(self.n_workers)]
+        self._uid_next = 2 * self.n_workers  # each worker's two stateless uids come first
+        self._workers = [
+            WorkerProcess(i, self._uid_base + i, self._uid_base + self.n_workers + i)
+            for i in range(self.n_workers)
+        ]
         self._sessions: dict[str, _Session] = {}
         self._evicted: dict[str, str] = {}
         self._cond = asyncio.Condition()
@@ -172,6 +182,7 @@ class ForkServerExecutor(Executor):
             "scratch_root": self._scratch_root,
         }
         config.update(preload=list(self.preload), warmup=self.warmup, namespaces=self.namespaces)
+        config["lean_preload"] = None if self.lean_preload is None else list(self.lean_preload)
         await w.start(self.python, config, env)
 
     def _build_report(self, probe: ExecResult) -> IsolationReport:
@@ -223,7 +234,8 @@ class ForkServerExecutor(Executor):
         return self._report
 
     def _allocate_uid(self) -> int:
-        used = {s.uid for s in self._sessions.values()} | {w.uid for w in self._workers}
+        used = {s.uid for s in self._sessions.values()}
+        used |= {w.uid for w in self._workers} | {w.lean_uid for w in self._workers}
         for _ in range(_UID_SPAN):
             self._uid_next = (self._uid_next + 1) % _UID_SPAN
             uid = self._uid_base + self._uid_next

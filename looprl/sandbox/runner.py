@@ -163,14 +163,33 @@ def _failure(
     return {"status": status, "value": None, "message": message[:2000]}
 
 
-def _install_streams(limits: dict[str, Any]) -> None:
-    """Fresh stdio objects on descriptors 0-2 with the shared output budget."""
+def _make_streams(limits: dict[str, Any]) -> dict[str, Any]:
+    """Fresh stdio objects on descriptors 0-2 sharing one output budget."""
     budget = _Budget(int(limits["max_output_bytes"]))
-    streams = {
+    return {
         "stdin": io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
         "stdout": CappedStream(1, budget),
         "stderr": CappedStream(2, budget, buffer_size=0),
     }
+
+
+_prepared: dict[str, Any] | None = None
+
+
+def prepare_streams(limits: dict[str, Any]) -> None:
+    """Build the first cell's stdio objects now, in the process that forks the children.
+
+    Each child then starts with them in place: building them in the child (codec lookup, a
+    TextIOWrapper, two stream objects) wrote ~80 pages of the shared heap, each a copy. Only
+    the first cell uses them, so every cell still starts with untouched streams.
+    """
+    global _prepared
+    _prepared = _make_streams(limits)
+
+
+def _install_streams(limits: dict[str, Any], first: bool = False) -> None:
+    """Install fresh stdio objects (the prepared ones for a child's first cell)."""
+    streams = _prepared if first and _prepared is not None else _make_streams(limits)
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
@@ -227,7 +246,7 @@ def serve(
             cpu += int(used.ru_utime + used.ru_stime)
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         _reap()
-        _install_streams(limits)
+        _install_streams(limits, first=cell_no == 1)
         result = run_cell(request["code"], namespace, cell_no, limits)
         _flush_streams(result, limits)
         _reap()

@@ -9,8 +9,9 @@ call, each a split huge page that the next fork had to copy entry by entry. The 
 touches a handful.
 
 The worker talks to it over a SEQPACKET socket pair:
-  spawn: b"S<uid>|<persistent>|<scratch>" with the child's five descriptors attached
-         -> b"<pid>" (the child is hardened and waits for its first cell)
+  spawn: b"S<uid>|<persistent>|<reap>|<scratch>" with the child's five descriptors attached
+         -> b"<pid>" (the child is hardened and waits for its first cell); first, when <reap>
+         is a pid, the template collects that (killed) child, saving a round trip per call
   reap:  b"R<pid>" -> b"<wait status> <cpu seconds>" once that child has exited
   end of file: the template exits.
 The children are the template's, so it reaps them and reports how they ended; their pidfds,
@@ -20,6 +21,7 @@ pipes and uids are the worker's to watch.
 from __future__ import annotations
 
 import array
+import contextlib
 import gc
 import importlib
 import json
@@ -44,12 +46,14 @@ class TemplateGone(Exception):
 class Template:
     """The worker's handle on its template process."""
 
-    def __init__(self, worker: Worker, config: dict[str, Any]) -> None:
+    def __init__(
+        self, worker: Worker, config: dict[str, Any], preload: list[str], scratch: str
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the template: never returns
             ours.close()
-            _template_main(theirs, worker, config)
+            _template_main(theirs, worker, config, preload, scratch)
         theirs.close()
         self.pid = pid
         self.sock = ours
@@ -68,9 +72,17 @@ class Template:
             raise OSError(data[1:].decode("utf-8", "replace"))
         return data
 
-    def spawn(self, fds: list[int], scratch: str, uid: int | None, persistent: bool) -> int:
-        """Have the template fork a hardened child on `fds`; returns its pid."""
-        msg = f"S{'-' if uid is None else uid}|{int(persistent)}|{scratch}".encode()
+    def spawn(
+        self,
+        fds: list[int],
+        scratch: str,
+        uid: int | None,
+        persistent: bool,
+        reap: int | None = None,
+    ) -> int:
+        """Have the template fork a hardened child on `fds` (after reaping its exited child
+        `reap`); returns the new child's pid."""
+        msg = f"S{'-' if uid is None else uid}|{int(persistent)}|{reap or '-'}|{scratch}".encode()
         try:
             socket.send_fds(self.sock, [msg], fds)
         except OSError as exc:
@@ -98,16 +110,23 @@ class Template:
         self.sock.close()
 
 
-def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any]) -> None:
+def _template_main(
+    sock: socket.socket, worker: Worker, config: dict[str, Any], preload: list[str], scratch: str
+) -> None:
     """Body of the template process: preload, then fork children on request; always os._exit."""
     code = 0
     try:
         isolation.prctl(isolation.PR_SET_PDEATHSIG, 9)  # SIGKILL when the worker dies
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):  # the worker's frame pipes to the pool: never the template's to use
+            os.dup2(null, fd)
+        os.close(null)
         features: dict[str, Any] = {}
-        _preload(config.get("preload", []), config.get("warmup", True))
+        runner.prepare_streams(worker.limits)
+        _preload(preload, config.get("warmup", True))
         if config.get("hugepages", True):
             features["hugepages"] = isolation.collapse_heap()
-        isolation.prepare_worker_process(worker.policy, worker.call_scratch)
+        isolation.prepare_worker_process(worker.policy, scratch)
         # Measured once: reading it at every fork touched ~55 pages of the template (io objects).
         # The template's loop allocates nothing that stays, so its size does not drift.
         worker.policy["baseline_vm"] = _vm_size()
@@ -139,7 +158,10 @@ def _serve(sock: socket.socket, worker: Worker) -> None:
         fds = array.array("i")
         for _level, _type, data in ancdata:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        uid_s, persistent_s, scratch = msg[1:].decode().split("|", 2)
+        uid_s, persistent_s, reap_s, scratch = msg[1:].decode().split("|", 3)
+        if reap_s != "-":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(reap_s), 0)
         uid = None if uid_s == "-" else int(uid_s)
         persistent = persistent_s == "1"
         child_fds = list(fds)

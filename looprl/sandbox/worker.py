@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from looprl.sandbox import isolation, landlock, proto, seccomp
@@ -27,8 +28,24 @@ from looprl.sandbox.supervise import Child, supervise, wait_gone
 from looprl.sandbox.template import Template, TemplateGone
 
 
+@dataclass
+class Kind:
+    """A template with its own stateless uid, scratch directory and spare child."""
+
+    name: str
+    preload: list[str]
+    uid: int | None
+    scratch: str
+    template: Template | None = None
+    spare: Child | None = None
+
+    def template_features(self) -> dict[str, Any]:
+        """What the template reported when it was ready (huge pages)."""
+        return dict(self.template.features) if self.template else {}
+
+
 class Worker:
-    """State of one worker process: its policy, its spare child and its sessions."""
+    """State of one worker process: its policy, its templates' spare children and its sessions."""
 
     def __init__(self, config: dict[str, Any], features: dict[str, Any]) -> None:
         self.limits: dict[str, Any] = config["limits"]
@@ -37,7 +54,8 @@ class Worker:
         self.scratch_root: str = config["scratch_root"]
         self.features = features
         self.tmpfs = features.get("scratch_tmpfs") is True
-        self.slot = os.path.join(self.scratch_root, "w")  # stateless calls' scratch dirs live here
+        # stateless calls' scratch dirs live here (one per worker: without namespaces they share a root)
+        self.slot = os.path.join(self.scratch_root, f"w{os.getpid()}")
         isolation.make_scratch(self.slot, None, int(config["limits"]["disk_mb"]), self.tmpfs)
         os.chmod(self.slot, 0o711)
         probe = isolation.kernel_probe()
@@ -57,33 +75,74 @@ class Worker:
             pidfd=probe["pidfd"],
         )
         self.call_scratch = os.path.join(self.slot, "call")  # the same path for every call
+        preload = list(config.get("preload", []))
+        lean = config.get("lean_preload")
+        self.heavy: tuple[str, ...] = ()  # modules only the full template has imported
+        if lean is not None and set(lean) < set(preload):
+            self.heavy = tuple(m for m in preload if m not in lean)
         self.ruleset: int | None = None
         if probe["landlock_abi"]:
             rw = [self.slot, "/dev/null"]
             self.ruleset = landlock.build(self.policy["read_only"], rw, probe["landlock_abi"])
-        self.template: Template | None = None  # set by `main`, once the template is up
-        self.spare: Child | None = None
+        self.kinds: dict[str, Kind] = {}  # "full" (and "lean"), set by `start_templates`
         self.last_child: Child | None = None
+        self.last_kind: Kind | None = None
         self.sessions: dict[str, Child] = {}
         self.counter = 0
 
-    def spawn(self, uid: int | None, persistent: bool) -> Child:
-        """Fork a hardened child waiting for its first cell (a session when `persistent`)."""
+    def start_templates(self, config: dict[str, Any]) -> None:
+        """Fork the template(s): the full preload list, and a lean one when `heavy` is not empty."""
+        preload = list(config.get("preload", []))
+        kinds = [Kind("full", preload, self.uid, self.call_scratch)]
+        if self.heavy:
+            lean_uid = config.get("lean_uid") if self.root else None
+            lean = [m for m in preload if m not in self.heavy]
+            kinds.append(Kind("lean", lean, lean_uid, os.path.join(self.slot, "lean")))
+        for kind in kinds:
+            kind.template = Template(self, config, kind.preload, kind.scratch)
+            self.kinds[kind.name] = kind
+        features = self.kinds["full"].template_features()
+        if self.heavy:
+            features["lean_template"] = (
+                f"{', '.join(kinds[1].preload) or 'nothing'} preloaded, for calls that do not "
+                f"mention {', '.join(self.heavy)}"
+            )
+        self.features.update(features)
+        for kind in kinds:
+            kind.spare = self.spawn_stateless(kind)
+
+    def kind_for(self, code: str) -> Kind:
+        """The lean template unless the code names a module only the full one preloads."""
+        if "lean" in self.kinds and not any(name in code for name in self.heavy):
+            return self.kinds["lean"]
+        return self.kinds["full"]
+
+    def spawn_stateless(self, kind: Kind, reap: int | None = None) -> Child:
+        """Fork a hardened child of `kind`'s template for one stateless call (after the template
+        reaps its exited child `reap`, in the same round trip)."""
+        isolation.make_scratch(kind.scratch, kind.uid, 0, tmpfs=False)
+        return self._spawn(kind, kind.uid, kind.scratch, persistent=False, reap=reap)
+
+    def spawn_session(self, uid: int | None) -> Child:
+        """Fork a session's interpreter (always from the full template), with its own tmpfs."""
         self.counter += 1
-        if persistent:
-            scratch = os.path.join(self.scratch_root, f"s{self.counter}")
-            isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
-        else:
-            scratch = self.call_scratch
-            isolation.make_scratch(scratch, uid, 0, tmpfs=False)
+        scratch = os.path.join(self.scratch_root, f"s{self.counter}")
+        isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
+        return self._spawn(self.kinds["full"], uid, scratch, persistent=True)
+
+    def _spawn(
+        self, kind: Kind, uid: int | None, scratch: str, persistent: bool, reap: int | None = None
+    ) -> Child:
+        """Have `kind`'s template fork a hardened child waiting for its first cell."""
+        template = kind.template
+        assert template is not None
         ctl_r, ctl_w = os.pipe()
         res_r, res_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         fds = [os.open(os.devnull, os.O_RDONLY), out_w, err_w, res_w, ctl_r]
-        assert self.template is not None
         try:
-            pid = self.template.spawn(fds, scratch, uid, persistent)
+            pid = template.spawn(fds, scratch, uid, persistent, reap)
         except BaseException:
             for fd in (*fds, ctl_w, res_r, out_r, err_r):
                 os.close(fd)
@@ -95,56 +154,62 @@ class Worker:
             os.set_blocking(fd, False)
         pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
         pipes = (ctl_w, res_r, out_r, err_r)
-        return Child(pid, pidfd, *pipes, uid, scratch, persistent, reap=self.template.reap)
+        return Child(pid, pidfd, *pipes, uid, scratch, persistent, reap=template.reap)
 
-    def sweep(self, child: Child, keep_self: bool) -> None:
-        """Kill everything the child's code started (and the child unless `keep_self`), then reap."""
+    def sweep(self, child: Child, keep_self: bool, reap: bool = True) -> None:
+        """Kill everything the child's code started (and the child unless `keep_self`), then reap.
+
+        `reap=False` leaves the killed child's own exit for its template to collect later (the
+        next spawn request carries it); everything else is gone when this returns.
+        """
         uid = child.uid
         if uid is not None and not keep_self:
             _kill_uid(uid)
-            self._reap_child(child)  # blocks (no polling) until its exit is complete
-            wait_gone(lambda: _uid_alive(uid), _reap)  # then anything it started
+            if reap:
+                self._reap_child(child)  # blocks (no polling) until its exit is complete
+            skip = -1 if child.reaped else child.pid
+            wait_gone(lambda: _uid_alive(uid, skip), _reap)  # then anything it started
             return
         victims = _descendants(child.pid) | self._strays()
         if not keep_self:
             victims.add(child.pid)
         for pid in victims:
             _kill(pid)
-        if not keep_self:
+        if not keep_self and reap:
             self._reap_child(child)
         wait_gone(lambda: any(_running(pid) for pid in victims), _reap)
 
     def _reap_child(self, child: Child) -> None:
-        """Collect the child's exit through the template (its parent)."""
-        if not child.reaped and self.template is not None:
+        """Collect the child's exit through its template (its parent)."""
+        if not child.reaped and child.reap is not None:
             with contextlib.suppress(ChildProcessError):
-                self.template.reap(child.pid)
+                child.reap(child.pid)
             child.reaped = True
 
     def _strays(self) -> set[int]:
         """Processes parented to this worker (escaped orphans) that are not spares or sessions."""
-        known = {s.pid for s in self.sessions.values()} | (
-            {self.spare.pid} if self.spare else set()
-        )
-        if self.template is not None:
-            known.add(self.template.pid)
+        known = {s.pid for s in self.sessions.values()}
+        for kind in self.kinds.values():
+            known |= {kind.spare.pid} if kind.spare else set()
+            known |= {kind.template.pid} if kind.template else set()
         strays = set()
         for pid in _children(os.getpid()):
             if pid not in known:
                 strays |= {pid} | _descendants(pid)
         return strays
 
-    def discard(self, child: Child) -> None:
+    def discard(self, child: Child, reap: bool = True) -> None:
         """Kill a child and everything it started, close its pipes and remove its scratch."""
-        self.sweep(child, keep_self=False)
+        self.sweep(child, keep_self=False, reap=reap)
         child.close()
         isolation.remove_scratch(child.scratch, self.tmpfs and child.persistent)
 
     def exec_stateless(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one cell in the spare child."""
-        child = self.spare or self.spawn(self.uid, persistent=False)
-        self.spare = None
-        self.last_child = child
+        """Run one cell in the spare child of the template it needs."""
+        kind = self.kind_for(req["code"])
+        child = kind.spare or self.spawn_stateless(kind)
+        kind.spare = None
+        self.last_child, self.last_kind = child, kind
         return supervise(child, req["code"], float(req["timeout"]), self.limits)
 
     def exec_session(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -153,7 +218,7 @@ class Worker:
         child = self.sessions.get(sid)
         if child is None:
             uid = int(req["uid"]) if self.root else None
-            child = self.sessions[sid] = self.spawn(uid, persistent=True)
+            child = self.sessions[sid] = self.spawn_session(uid)
         result = supervise(child, req["code"], float(req["timeout"]), self.limits)
         if not child.alive:
             del self.sessions[sid]
@@ -166,13 +231,17 @@ class Worker:
 
     def after_exec(self, req: dict[str, Any]) -> None:
         """Clean-up that runs after the reply is sent: sweep, then fork the next spare."""
+        pending: int | None = None  # the used child, for its template to reap with the next fork
         if req["op"] == "exec" and self.last_child is not None:
-            self.discard(self.last_child)
-            self.last_child = None
+            child, self.last_child = self.last_child, None
+            self.discard(child, reap=False)
+            pending = None if child.reaped else child.pid
         elif req["op"] == "session" and req["sid"] in self.sessions:
             self.sweep(self.sessions[req["sid"]], keep_self=True)
-        if self.spare is None:
-            self.spare = self.spawn(self.uid, persistent=False)
+        for kind in self.kinds.values():
+            if kind.spare is None:
+                reap = pending if kind is self.last_kind else None
+                kind.spare = self.spawn_stateless(kind, reap)
 
     def close_session(self, sid: str) -> None:
         """Kill a session's interpreter and remove its scratch directory."""
@@ -184,11 +253,12 @@ class Worker:
         """Kill every child (the PID namespace would do it too when this process exits)."""
         for sid in list(self.sessions):
             self.close_session(sid)
-        if self.spare is not None:
-            self.discard(self.spare)
-            self.spare = None
-        if self.template is not None:
-            self.template.close()
+        for kind in self.kinds.values():
+            if kind.spare is not None:
+                self.discard(kind.spare)
+                kind.spare = None
+            if kind.template is not None:
+                kind.template.close()
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         """Answer one request from the pool."""
@@ -223,13 +293,13 @@ def _kill_uid(uid: int) -> None:
         isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _uid_alive(uid: int) -> bool:
-    """True while some process (a zombie included) still runs as `uid`.
+def _uid_alive(uid: int, skip: int = -1) -> bool:
+    """True while some process (a zombie included) other than `skip` still runs as `uid`.
 
     Sandbox children stay dumpable, so /proc/<pid> is owned by their uid (zombies too).
     """
     for name in os.listdir("/proc"):
-        if name.isdigit():
+        if name.isdigit() and int(name) != skip:
             try:
                 if os.stat(f"/proc/{name}").st_uid == uid:
                     return True
@@ -323,9 +393,7 @@ def main() -> None:
     except OSError:
         features["subreaper"] = False
     worker = Worker(config, features)
-    worker.template = Template(worker, config)  # it imports the preload list, not this process
-    features.update(worker.template.features)
-    worker.spare = worker.spawn(worker.uid, persistent=False)
+    worker.start_templates(config)  # they import the preload list, not this process
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
     serve_pool(worker)
 

@@ -36,9 +36,10 @@ main()
 class WorkerProcess:
     """One worker process as the pool sees it (`busy`, `waiters` and `last_used` are the pool's)."""
 
-    def __init__(self, index: int, uid: int) -> None:
+    def __init__(self, index: int, uid: int, lean_uid: int) -> None:
         self.index = index
         self.uid = uid
+        self.lean_uid = lean_uid
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd: int | None = None
         self.busy = False
@@ -70,7 +71,9 @@ class WorkerProcess:
         )
         self.broken = False
         self.generation += 1
-        hello = await asyncio.wait_for(self.call({**config, "uid": self.uid}), 120)
+        hello = await asyncio.wait_for(
+            self.call({**config, "uid": self.uid, "lean_uid": self.lean_uid}), 120
+        )
         if hello.get("op") != "hello":
             raise RuntimeError(f"sandbox worker sent {hello!r} instead of its hello")
         self.features = hello["features"]
