@@ -415,5 +415,5 @@ def harden_child(
     elif policy["landlock_abi"] > 0:
         landlock.apply(policy["read_only"], [scratch, "/dev/null"], policy["landlock_abi"])
     filt = policy.get("seccomp")
-    if filt is not None:
-        filt.install()
+    if filt is not None and not policy.get("seccomp_inherited"):
+        filt.install()  # otherwise in place since the fork: the template installed it once

@@ -130,6 +130,13 @@ def _template_main(
         # Measured once: reading it at every fork touched ~55 pages of the template (io objects).
         # The template's loop allocates nothing that stays, so its size does not drift.
         worker.policy["baseline_vm"] = _vm_size()
+        filt = worker.policy.get("seccomp")
+        if filt is not None:
+            # Installed once, here: every child inherits the filter before it runs a line of its
+            # own, instead of each building and JIT-compiling it again (~0.5 ms of CPU a child).
+            # Nothing the template does is on the filter's deny list.
+            filt.install()
+            worker.policy["seccomp_inherited"] = True
         sock.send(json.dumps(features).encode())
         _serve(sock, worker)
     except BaseException as exc:  # noqa: BLE001 - say why, then exit; the worker exits too
