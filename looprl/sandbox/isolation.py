@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 import resource
-import shutil
 import signal
 import sys
 from typing import Any
@@ -119,9 +117,11 @@ def read_only_paths() -> list[str]:
 
 def kernel_probe() -> dict[str, Any]:
     """What the kernel and platform offer, before anything is attempted."""
-    release = platform.release()
+    import shutil  # not at module level: see `remove_scratch`
+
+    release = os.uname().release
     return {
-        "kernel": f"{platform.system()} {release} {platform.machine()}",
+        "kernel": f"{os.uname().sysname} {release} {os.uname().machine}",
         "root": os.geteuid() == 0,
         "landlock_abi": landlock.abi_version() if sys.platform == "linux" else 0,
         "seccomp_arch_supported": seccomp.build_filter() is not None,
@@ -208,9 +208,9 @@ def _populate_root(newroot: str, needed: list[str], fresh_proc: bool) -> int:
 def _pivot(newroot: str) -> None:
     """Make `newroot` the root of this mount namespace and detach the old root."""
     os.chdir(newroot)
-    nr = {"x86_64": 155, "aarch64": 41}.get(platform.machine())
+    nr = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
     if nr is None:
-        raise OSError(f"pivot_root: unknown architecture {platform.machine()}")
+        raise OSError(f"pivot_root: unknown architecture {os.uname().machine}")
     _check(_libc.syscall(nr, b".", b"."), "pivot_root")
     umount(".")
     os.chdir("/")
@@ -311,6 +311,8 @@ def remove_scratch(path: str, tmpfs: bool) -> None:
     try:
         os.rmdir(path)  # the common case, an empty directory: one syscall instead of a tree walk
     except OSError:
+        import shutil  # here: the module (and bz2, lzma, zlib) would grow every template's heap
+
         shutil.rmtree(path, ignore_errors=True)
 
 

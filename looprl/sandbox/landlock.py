@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 from collections.abc import Iterable
 
 _SYS_CREATE_RULESET = 444  # same number on x86_64 and aarch64 (unified syscall table)
@@ -68,7 +67,7 @@ _syscall.restype = ctypes.c_long
 
 def abi_version() -> int:
     """The Landlock ABI the kernel offers (0 when Landlock is missing or disabled)."""
-    if platform.machine() not in _ARCHES:
+    if os.uname().machine not in _ARCHES:
         return 0
     ret = _syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
     return int(ret) if ret > 0 else 0

@@ -1,6 +1,7 @@
 """A small seccomp-BPF filter, built with ctypes, that denies the syscalls a sandbox never needs.
 
-The filter (installed in each sandbox child just before user code runs) returns an error for:
+The filter (installed once in each fork-server template, so that every sandbox child has it
+from its first instruction on) returns an error for:
 
 - `socket()` of any family except AF_UNIX: no network, whatever namespaces exist;
 - `execve` / `execveat`: no new programs (`/bin/sh`, compilers); the child only runs Python;
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import platform
+import os
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
@@ -87,7 +88,7 @@ class _SockFprog(ctypes.Structure):
 
 
 class SeccompFilter:
-    """A compiled filter, ready to install in a forked child with `install()`."""
+    """A compiled filter, ready to install with `install()` (children forked later inherit it)."""
 
     def __init__(self, program: list[tuple[int, int, int, int]], arch: str) -> None:
         self.arch = arch
@@ -135,7 +136,7 @@ def _assemble(
 
 def build_filter(arch: str | None = None) -> SeccompFilter | None:
     """Compile the sandbox filter for `arch` (default: this machine); None if the arch is unknown."""
-    arch = arch or platform.machine()
+    arch = arch or os.uname().machine
     if arch not in _NR:
         return None
     nr = _NR[arch]
@@ -175,4 +176,4 @@ def build_filter(arch: str | None = None) -> SeccompFilter | None:
 
 def denied_syscalls(arch: str | None = None) -> list[str]:
     """Names of the syscalls the filter refuses outright on `arch` (for the isolation report)."""
-    return sorted(n for n in _NR.get(arch or platform.machine(), {}) if n not in _SPECIAL)
+    return sorted(n for n in _NR.get(arch or os.uname().machine, {}) if n not in _SPECIAL)

@@ -16,7 +16,6 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from looprl.sandbox import proto
@@ -25,24 +24,39 @@ _HARD_CAP_SLACK = 64 * 1024  # output allowed past the in-process cap before the
 _CHILD_STATUSES = {"ok", "error", "memory", "output_limit"}
 
 
-@dataclass
 class Child:
-    """A sandbox child as its supervisor sees it: pid, pipes, uid and scratch directory."""
+    """A sandbox child as its supervisor sees it: pid, pipes, uid and scratch directory.
 
-    pid: int
-    pidfd: int | None
-    ctl: int
-    res: int
-    out: int
-    err: int
-    uid: int | None
-    scratch: str
-    persistent: bool
-    alive: bool = True
-    reaped: bool = False
-    ready: bool = False
-    reap: Callable[[int], tuple[int, float]] | None = None
-    """Waits for the exited child when its parent is not the supervisor: (wait status, CPU s)."""
+    `reap` waits for the exited child when its parent is not the supervisor (a fork-server
+    template's child) and returns (wait status, CPU seconds). A plain class, not a dataclass:
+    `dataclasses` (and `inspect` behind it) would grow the heap of every fork-server template.
+    """
+
+    __slots__ = (
+        "pid", "pidfd", "ctl", "res", "out", "err", "uid", "scratch", "persistent",
+        "alive", "reaped", "ready", "reap",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int | None,
+        ctl: int,
+        res: int,
+        out: int,
+        err: int,
+        uid: int | None,
+        scratch: str,
+        persistent: bool,
+        reap: Callable[[int], tuple[int, float]] | None = None,
+    ) -> None:
+        self.pid, self.pidfd, self.uid, self.scratch = pid, pidfd, uid, scratch
+        self.ctl, self.res, self.out, self.err = ctl, res, out, err
+        self.persistent = persistent
+        self.alive = True
+        self.reaped = False
+        self.ready = False
+        self.reap = reap
 
     def close(self) -> None:
         """Close every descriptor held for the child."""

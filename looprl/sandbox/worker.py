@@ -1,13 +1,15 @@
-"""The fork-server worker: supervises calls, each in a fresh, hardened child of its template.
+"""The fork-server worker: supervises calls, each in a fresh, hardened child of a template.
 
 Started by `ForkServerExecutor` as `python -I -c <bootstrap>`; it talks to the pool through
-frames on stdin/stdout (see `proto`). After entering its namespaces it forks its *template*
-(see `template`), the process that imports the preload list (numpy, sympy) and forks the
-children; the worker itself stays small. It keeps one *spare* child forked and hardened in
-advance, so a call costs a pipe round trip instead of a fork. Each stateless call uses the spare once, then the worker
-kills every process of that call's uid, deletes its scratch directory (inside the worker's own
-size-limited tmpfs) and forks the next spare, after replying so that the pool does not wait for
-it. A session is a child that serves many cells, with a tmpfs of its own.
+frames on stdin/stdout (see `proto`). After entering its namespaces it forks its *templates*
+(see `template`): the processes that import the preload list and fork the children (a full one,
+and a lean numpy-only one for calls that do not name sympy). The worker itself stays small and
+shares no memory with any child. Each template keeps one *spare* child forked and hardened in
+advance, so a call costs a pipe round trip instead of a fork. Each stateless call uses a spare
+once; then the worker kills every process of that call's uid, deletes its scratch directory
+(inside the worker's own size-limited tmpfs) and has the template fork the next spare, after
+replying so that the pool does not wait for it. A session is a child that serves many cells,
+with a tmpfs of its own.
 
 Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "code", "timeout"};
 {"op": "close", "sid"}; {"op": "shutdown"}. Each is answered by one frame.
@@ -20,7 +22,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from looprl.sandbox import isolation, landlock, proto, seccomp
@@ -28,16 +29,13 @@ from looprl.sandbox.supervise import Child, supervise, wait_gone
 from looprl.sandbox.template import Template, TemplateGone
 
 
-@dataclass
 class Kind:
     """A template with its own stateless uid, scratch directory and spare child."""
 
-    name: str
-    preload: list[str]
-    uid: int | None
-    scratch: str
-    template: Template | None = None
-    spare: Child | None = None
+    def __init__(self, name: str, preload: list[str], uid: int | None, scratch: str) -> None:
+        self.name, self.preload, self.uid, self.scratch = name, preload, uid, scratch
+        self.template: Template | None = None
+        self.spare: Child | None = None
 
     def template_features(self) -> dict[str, Any]:
         """What the template reported when it was ready (huge pages)."""
@@ -58,7 +56,8 @@ class Worker:
         self.slot = os.path.join(self.scratch_root, f"w{os.getpid()}")
         isolation.make_scratch(self.slot, None, int(config["limits"]["disk_mb"]), self.tmpfs)
         os.chmod(self.slot, 0o711)
-        probe = isolation.kernel_probe()
+        # Not `isolation.kernel_probe()`: it imports shutil, which every template would inherit.
+        probe = {"landlock_abi": landlock.abi_version(), "pidfd": hasattr(os, "pidfd_open")}
         filt = seccomp.build_filter()
         self.policy: dict[str, Any] = {
             "limits": self.limits,
