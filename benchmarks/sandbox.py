@@ -4,6 +4,7 @@
     python -m benchmarks.sandbox --calls 100 --backends forkserver
     python -m benchmarks.sandbox --backends forkserver --preload numpy   # numpy only
     python -m benchmarks.sandbox --backends forkserver --lean-preload none  # one template
+    python -m benchmarks.sandbox --backends forkserver --breakdown   # CPU by process role
 
 For each backend and each snippet (`print(2+2)`, a small numpy computation and a small
 numpy + sympy one) it reports the median and p90 latency of sequential calls, the calls per
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -112,6 +114,66 @@ class CpuMeter:
             out.append(self.read() - before)
 
 
+class Breakdown:
+    """Where a fork-server call's CPU goes: this process, the workers, the templates, the children.
+
+    Reads /proc of every process below this one. Templates are the processes whose children
+    are all leaves (their spare children); their reaped children's CPU and page faults are the
+    sandbox children's. Linux only; CPU in clock ticks (10 ms), so use it over many calls.
+    """
+
+    ROLES = ("pool process", "workers", "templates", "sandbox children")
+
+    def snapshot(self) -> dict[str, tuple[float, int]]:
+        """Cumulative (CPU seconds, minor faults) per role."""
+        kids: dict[int, list[int]] = {}
+        todo, seen = [os.getpid()], []
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    kids[pid] = [int(k) for k in f.read().split()]
+            except OSError:
+                kids[pid] = []
+            todo += kids[pid]
+            seen.append(pid)
+        tick = os.sysconf("SC_CLK_TCK")
+        total = dict.fromkeys(self.ROLES, (0.0, 0))
+
+        def add(role: str, cpu: float, faults: int) -> None:
+            total[role] = (total[role][0] + cpu, total[role][1] + faults)
+
+        for pid in seen[1:]:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            own = (int(fields[11]) + int(fields[12])) / tick
+            reaped = (int(fields[13]) + int(fields[14])) / tick
+            template = bool(kids[pid]) and all(not kids.get(k) for k in kids[pid])
+            if template:
+                add("templates", own, int(fields[7]))
+                add("sandbox children", reaped, int(fields[8]))
+            elif any(kids.get(k) and all(not kids.get(g) for g in kids[k]) for k in kids[pid]):
+                add("workers", own, int(fields[7]))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        add("pool process", usage.ru_utime + usage.ru_stime, usage.ru_minflt)
+        return total
+
+    @staticmethod
+    def per_call(
+        before: dict[str, tuple[float, int]], after: dict[str, tuple[float, int]], calls: int
+    ) -> str:
+        """One line: CPU ms and page faults per call for each role."""
+        parts = []
+        for role in Breakdown.ROLES:
+            cpu = (after[role][0] - before[role][0]) / calls * 1e3
+            faults = (after[role][1] - before[role][1]) / calls
+            parts.append(f"{role} {cpu:.2f} ms / {faults:.0f} faults")
+        return "; ".join(parts)  # fmt: skip
+
+
 async def fresh_python(code: str, timeout: float = 60) -> ExecResult:
     """The reference: one new `python -c` process per call, no isolation at all."""
     start = time.monotonic()
@@ -129,6 +191,7 @@ async def measure(
     calls: int,
     meter: CpuMeter,
     rounds: int = 1,
+    breakdown: Breakdown | None = None,
 ) -> dict[str, Any]:
     """Sequential latency (median, p90) and 4-caller throughput (median of `rounds`)."""
     for _ in range(3):  # warm-up
@@ -147,13 +210,16 @@ async def measure(
 
     per_caller = max(1, calls // CONCURRENCY) * 2
     total = per_caller * CONCURRENCY
-    speeds, cpus = [], []
+    speeds, cpus, splits = [], [], []
     for _ in range(rounds):
         cpu: list[float] = []
+        before = breakdown.snapshot() if breakdown else None
         with meter.measure(cpu):
             start = time.perf_counter()
             await asyncio.gather(*(caller(per_caller) for _ in range(CONCURRENCY)))
             elapsed = time.perf_counter() - start
+        if breakdown and before:
+            splits.append(breakdown.per_call(before, breakdown.snapshot(), total))
         speeds.append(total / elapsed)
         cpus.append(cpu[0] / total * 1e3 if cpu else float("nan"))
     middle = sorted(range(rounds), key=lambda i: speeds[i])[rounds // 2]  # the median round
@@ -163,6 +229,7 @@ async def measure(
         "calls_per_s": speeds[middle],
         "cpu_ms_per_call": cpus[middle],
         "rounds": speeds,
+        "breakdown": splits[middle] if splits else "",
     }
 
 
@@ -182,6 +249,11 @@ async def main(argv: list[str] | None = None) -> None:
         "--preload",
         default="numpy,sympy",
         help="modules each fork-server worker imports (the default is the backend's: numpy,sympy)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print the fork server's CPU and page faults per call by process role",
     )
     parser.add_argument(
         "--lean-preload",
@@ -217,8 +289,10 @@ async def main(argv: list[str] | None = None) -> None:
             run = ex.execute if ex is not None else fresh_python
             calls = args.calls if backend == "forkserver" else args.slow_calls
             rounds = args.rounds if backend == "forkserver" else 1
+            split = Breakdown() if args.breakdown and backend == "forkserver" else None
             for name, code in SNIPPETS.items():
-                rows.append((backend, name, await measure(run, code, calls, meter, rounds)))
+                m = await measure(run, code, calls, meter, rounds, split)
+                rows.append((backend, name, m))
             if ex is not None:
                 await ex.close()
     finally:
@@ -239,6 +313,9 @@ async def main(argv: list[str] | None = None) -> None:
             f"| {m['calls_per_s']:19.0f} | {m['cpu_ms_per_call']:11.1f} | {ceiling:25.0f} "
             f"| {' / '.join(f'{x:.0f}' for x in m['rounds']):<17} |"
         )
+    for backend, name, m in rows:
+        if m.get("breakdown"):
+            print(f"{backend} {name}, per call in the median round: {m['breakdown']}")
 
 
 if __name__ == "__main__":
