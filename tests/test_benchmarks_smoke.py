@@ -31,8 +31,14 @@ def test_engine_benchmark_quick():
 
 
 def test_sandbox_benchmark_quick():
-    out = _run("-m", "benchmarks.sandbox", "--calls", "5", "--backends", "forkserver")
-    assert "forkserver" in out
+    args = ("--calls", "5", "--rounds", "2", "--backends", "forkserver", "--breakdown")
+    out = _run("-m", "benchmarks.sandbox", *args)
+    assert "forkserver" in out and "sandbox children" in out, out
+
+
+def test_fork_cost_benchmark_quick():
+    out = _run("-m", "benchmarks.fork_cost", "--mb", "8", "--forks", "10")
+    assert "| huge (2 MB) | 2000 |" in out, out
 
 
 def test_vs_verifiers_benchmark_quick():
