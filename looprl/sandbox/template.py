@@ -1,7 +1,8 @@
 """The template: the process that holds the preloaded heap and forks every sandbox child.
 
-A worker (see `worker`) forks its template once, before importing anything heavy. The template
-imports numpy and sympy, freezes and huge-page-backs its heap, and then does nothing but fork
+A worker (see `worker`) forks its templates once, before importing anything heavy. A template
+imports its preload list (numpy and sympy; numpy alone for the lean one), freezes and
+huge-page-backs its heap, installs the seccomp filter on itself, and then does nothing but fork
 children on request. Keeping the worker's own work (supervising calls, sweeping, scratch
 directories) out of this process is what makes each fork cheap: after a fork every page the
 forking process writes is a copy-on-write fault, and the worker's Python touched ~300 pages a
