@@ -204,3 +204,29 @@ async def test_workers_without_namespaces_keep_their_scratch_apart():
         assert all(r.ok and r.stdout == "['f']\n" for r in results), results
     finally:
         await ex.close()
+
+
+async def test_a_lean_call_cannot_reach_the_full_templates_spare():
+    """The two spares wait in sibling directories; a call of one kind may not plant files for
+    the next call of the other (their uids differ as root; Landlock also names one directory)."""
+    ex = ForkServerExecutor(LIMITS, workers=1)
+    try:
+        plant = (
+            "import os\n"
+            "out = []\n"
+            "for path in ('../../full/call/planted', '../../full/planted'):\n"
+            "    try:\n"
+            "        open(path, 'w').write('x')\n"
+            "        out.append('written')\n"
+            "    except OSError as exc:\n"
+            "        out.append(type(exc).__name__)\n"
+            "print(os.getcwd().rsplit('/', 2)[-2:], out)"
+        )
+        r = await ex.execute(plant)  # no "sympy" in the code: the lean template
+        assert r.ok and "['lean', 'call']" in r.stdout and "written" not in r.stdout, r
+        r = await ex.execute(
+            "import os  # sympy\nprint(os.getcwd().rsplit('/', 2)[-2:], os.listdir('.'))"
+        )
+        assert r.ok and r.stdout == "['full', 'call'] []\n", r
+    finally:
+        await ex.close()

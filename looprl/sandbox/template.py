@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from looprl.sandbox import isolation, runner
 
 if TYPE_CHECKING:
-    from looprl.sandbox.worker import Worker
+    from looprl.sandbox.worker import Kind, Worker
 
 _FDS = 6  # descriptors a spawn request may carry
 _TIMEOUT = 60.0  # seconds the worker waits for an answer before it gives up on its template
@@ -46,14 +46,12 @@ class TemplateGone(Exception):
 class Template:
     """The worker's handle on its template process."""
 
-    def __init__(
-        self, worker: Worker, config: dict[str, Any], preload: list[str], scratch: str
-    ) -> None:
+    def __init__(self, worker: Worker, config: dict[str, Any], kind: Kind) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the template: never returns
             ours.close()
-            _template_main(theirs, worker, config, preload, scratch)
+            _template_main(theirs, worker, config, kind)
         theirs.close()
         self.pid = pid
         self.sock = ours
@@ -110,9 +108,7 @@ class Template:
         self.sock.close()
 
 
-def _template_main(
-    sock: socket.socket, worker: Worker, config: dict[str, Any], preload: list[str], scratch: str
-) -> None:
+def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any], kind: Kind) -> None:
     """Body of the template process: preload, then fork children on request; always os._exit."""
     code = 0
     try:
@@ -123,10 +119,10 @@ def _template_main(
         os.close(null)
         features: dict[str, Any] = {}
         runner.prepare_streams(worker.limits)
-        _preload(preload, config.get("warmup", True))
+        _preload(kind.preload, config.get("warmup", True))
         if config.get("hugepages", True):
             features["hugepages"] = isolation.collapse_heap()
-        isolation.prepare_worker_process(worker.policy, scratch)
+        isolation.prepare_worker_process(worker.policy, kind.scratch)
         # Measured once: reading it at every fork touched ~55 pages of the template (io objects).
         # The template's loop allocates nothing that stays, so its size does not drift.
         worker.policy["baseline_vm"] = _vm_size()
@@ -138,7 +134,7 @@ def _template_main(
             filt.install()
             worker.policy["seccomp_inherited"] = True
         sock.send(json.dumps(features).encode())
-        _serve(sock, worker)
+        _serve(sock, worker, kind.ruleset)
     except BaseException as exc:  # noqa: BLE001 - say why, then exit; the worker exits too
         code = 70
         try:
@@ -148,7 +144,7 @@ def _template_main(
     os._exit(code)
 
 
-def _serve(sock: socket.socket, worker: Worker) -> None:
+def _serve(sock: socket.socket, worker: Worker, stateless_ruleset: int | None) -> None:
     """The template's loop. Kept short on purpose: every page it writes is copied after a fork."""
     space = socket.CMSG_SPACE(_FDS * 4)
     while True:
@@ -172,7 +168,7 @@ def _serve(sock: socket.socket, worker: Worker) -> None:
         uid = None if uid_s == "-" else int(uid_s)
         persistent = persistent_s == "1"
         child_fds = list(fds)
-        ruleset = None if persistent else worker.ruleset
+        ruleset = None if persistent else stateless_ruleset
         if ruleset is not None:
             child_fds.append(ruleset)
         _reseed_numpy()  # here, not in the child: each child inherits a state of its own

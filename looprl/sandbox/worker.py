@@ -32,8 +32,11 @@ from looprl.sandbox.template import Template, TemplateGone
 class Kind:
     """A template with its own stateless uid, scratch directory and spare child."""
 
-    def __init__(self, name: str, preload: list[str], uid: int | None, scratch: str) -> None:
+    def __init__(
+        self, name: str, preload: list[str], uid: int | None, scratch: str, ruleset: int | None
+    ) -> None:
         self.name, self.preload, self.uid, self.scratch = name, preload, uid, scratch
+        self.ruleset = ruleset  # Landlock: read-write access to this kind's directory only
         self.template: Template | None = None
         self.spare: Child | None = None
 
@@ -73,16 +76,13 @@ class Worker:
             seccomp=f"{filt.length}-instruction filter ({filt.arch})" if filt else "unavailable",
             pidfd=probe["pidfd"],
         )
-        self.call_scratch = os.path.join(self.slot, "call")  # the same path for every call
         preload = list(config.get("preload", []))
         lean = config.get("lean_preload")
         self.heavy: tuple[str, ...] = ()  # modules only the full template has imported
-        if lean is not None and set(lean) < set(preload):
+        # As root, the lean spare needs a uid of its own (never root, never the full one's).
+        own_uid = not self.root or config.get("lean_uid") is not None
+        if lean is not None and set(lean) < set(preload) and own_uid:
             self.heavy = tuple(m for m in preload if m not in lean)
-        self.ruleset: int | None = None
-        if probe["landlock_abi"]:
-            rw = [self.slot, "/dev/null"]
-            self.ruleset = landlock.build(self.policy["read_only"], rw, probe["landlock_abi"])
         self.kinds: dict[str, Kind] = {}  # "full" (and "lean"), set by `start_templates`
         self.last_child: Child | None = None
         self.last_kind: Kind | None = None
@@ -92,13 +92,13 @@ class Worker:
     def start_templates(self, config: dict[str, Any]) -> None:
         """Fork the template(s): the full preload list, and a lean one when `heavy` is not empty."""
         preload = list(config.get("preload", []))
-        kinds = [Kind("full", preload, self.uid, self.call_scratch)]
+        kinds = [self._kind("full", preload, self.uid)]
         if self.heavy:
             lean_uid = config.get("lean_uid") if self.root else None
             lean = [m for m in preload if m not in self.heavy]
-            kinds.append(Kind("lean", lean, lean_uid, os.path.join(self.slot, "lean")))
+            kinds.append(self._kind("lean", lean, lean_uid))
         for kind in kinds:
-            kind.template = Template(self, config, kind.preload, kind.scratch)
+            kind.template = Template(self, config, kind)
             self.kinds[kind.name] = kind
         features = self.kinds["full"].template_features()
         if self.heavy:
@@ -109,6 +109,20 @@ class Worker:
         self.features.update(features)
         for kind in kinds:
             kind.spare = self.spawn_stateless(kind)
+
+    def _kind(self, name: str, preload: list[str], uid: int | None) -> Kind:
+        """A kind with its own directory under the slot: a stateless call's scratch directory
+        (the same path every call) lives in it, and its children's Landlock rule names it, so
+        that one kind's call cannot reach the other kind's spare (they share a uid when the
+        worker is not root). The rule is on the directory that stays, not on the scratch
+        directory, which is created anew for every call."""
+        home = os.path.join(self.slot, name)
+        os.mkdir(home, 0o711)
+        ruleset = None
+        if self.policy["landlock_abi"]:
+            rw = [home, "/dev/null"]
+            ruleset = landlock.build(self.policy["read_only"], rw, self.policy["landlock_abi"])
+        return Kind(name, preload, uid, os.path.join(home, "call"), ruleset)
 
     def kind_for(self, code: str) -> Kind:
         """The lean template unless the code names a module only the full one preloads."""
