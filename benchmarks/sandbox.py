@@ -117,33 +117,37 @@ class CpuMeter:
 class Breakdown:
     """Where a fork-server call's CPU goes: this process, the workers, the templates, the children.
 
-    Reads /proc of every process below this one. Templates are the processes whose children
-    are all leaves (their spare children); their reaped children's CPU and page faults are the
-    sandbox children's. Linux only; CPU in clock ticks (10 ms), so use it over many calls.
+    Reads /proc of every process below this one, by depth: the worker is the pool's child (the
+    child of that child when it has a PID namespace, whose parent process only waits), and the
+    templates are the workers' children. A template's reaped children's CPU and page faults are
+    the sandbox children's. Linux only; CPU in clock ticks (10 ms), so use it over many calls.
     """
 
     ROLES = ("pool process", "workers", "templates", "sandbox children")
 
+    def __init__(self, namespaces: bool) -> None:
+        self.worker_depth = 2 if namespaces else 1
+
     def snapshot(self) -> dict[str, tuple[float, int]]:
         """Cumulative (CPU seconds, minor faults) per role."""
-        kids: dict[int, list[int]] = {}
-        todo, seen = [os.getpid()], []
+        todo, seen = [(os.getpid(), 0)], []
         while todo:
-            pid = todo.pop()
+            pid, depth = todo.pop()
             try:
                 with open(f"/proc/{pid}/task/{pid}/children") as f:
-                    kids[pid] = [int(k) for k in f.read().split()]
+                    todo += [(int(k), depth + 1) for k in f.read().split()]
             except OSError:
-                kids[pid] = []
-            todo += kids[pid]
-            seen.append(pid)
+                pass
+            seen.append((pid, depth))
         tick = os.sysconf("SC_CLK_TCK")
         total = dict.fromkeys(self.ROLES, (0.0, 0))
 
         def add(role: str, cpu: float, faults: int) -> None:
             total[role] = (total[role][0] + cpu, total[role][1] + faults)
 
-        for pid in seen[1:]:
+        for pid, depth in seen:
+            if depth not in (self.worker_depth, self.worker_depth + 1):
+                continue
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
@@ -151,12 +155,11 @@ class Breakdown:
                 continue
             own = (int(fields[11]) + int(fields[12])) / tick
             reaped = (int(fields[13]) + int(fields[14])) / tick
-            template = bool(kids[pid]) and all(not kids.get(k) for k in kids[pid])
-            if template:
+            if depth == self.worker_depth:
+                add("workers", own, int(fields[7]))
+            else:
                 add("templates", own, int(fields[7]))
                 add("sandbox children", reaped, int(fields[8]))
-            elif any(kids.get(k) and all(not kids.get(g) for g in kids[k]) for k in kids[pid]):
-                add("workers", own, int(fields[7]))
         usage = resource.getrusage(resource.RUSAGE_SELF)
         add("pool process", usage.ru_utime + usage.ru_stime, usage.ru_minflt)
         return total
@@ -289,7 +292,9 @@ async def main(argv: list[str] | None = None) -> None:
             run = ex.execute if ex is not None else fresh_python
             calls = args.calls if backend == "forkserver" else args.slow_calls
             rounds = args.rounds if backend == "forkserver" else 1
-            split = Breakdown() if args.breakdown and backend == "forkserver" else None
+            split = None
+            if args.breakdown and isinstance(ex, ForkServerExecutor):
+                split = Breakdown(ex.namespaces)
             for name, code in SNIPPETS.items():
                 m = await measure(run, code, calls, meter, rounds, split)
                 rows.append((backend, name, m))
