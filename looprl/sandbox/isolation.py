@@ -119,9 +119,9 @@ def kernel_probe() -> dict[str, Any]:
     """What the kernel and platform offer, before anything is attempted."""
     import shutil  # not at module level: see `remove_scratch`
 
-    release = os.uname().release
+    uname = os.uname()
     return {
-        "kernel": f"{os.uname().sysname} {release} {os.uname().machine}",
+        "kernel": f"{uname.sysname} {uname.release} {uname.machine}",
         "root": os.geteuid() == 0,
         "landlock_abi": landlock.abi_version() if sys.platform == "linux" else 0,
         "seccomp_arch_supported": seccomp.build_filter() is not None,
@@ -373,9 +373,9 @@ def _set_env_and_signals(scratch: str) -> None:
         signal.signal(sig, handler)
 
 
-def prepare_worker_process(policy: dict[str, Any], scratch: str) -> None:
-    """Give the worker the environment and signal dispositions its stateless children need,
-    so that they inherit them instead of paying for them after every fork.
+def prepare_template_process(policy: dict[str, Any], scratch: str) -> None:
+    """Give a fork-server template the environment and signal dispositions its stateless
+    children need, so that they inherit them instead of paying for them after every fork.
 
     Records `scratch` in `policy` so that `harden_child` skips that step for children whose
     scratch directory it is (checking inside the child cost ~0.4 ms of CPU a call: the
@@ -394,8 +394,9 @@ def harden_child(
 ) -> None:
     """Everything a forked child does to itself before it reads its first cell of code.
 
-    `ruleset_fd` is a Landlock ruleset prepared by the worker (stateless calls); without it the
-    child builds one for its own scratch directory (sessions).
+    `ruleset_fd` is a Landlock ruleset prepared by the worker (stateless calls: one per template
+    kind, inherited through the template); without it the child builds one for its own scratch
+    directory (sessions).
     """
     os.setsid()
     os.chdir(scratch)

@@ -122,7 +122,7 @@ def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any], 
         _preload(kind.preload, config.get("warmup", True))
         if config.get("hugepages", True):
             features["hugepages"] = isolation.collapse_heap()
-        isolation.prepare_worker_process(worker.policy, kind.scratch)
+        isolation.prepare_template_process(worker.policy, kind.scratch)
         # Measured once: reading it at every fork touched ~55 pages of the template (io objects).
         # The template's loop allocates nothing that stays, so its size does not drift.
         worker.policy["baseline_vm"] = _vm_size()

@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from looprl.sandbox import isolation, landlock, proto, seccomp
 from looprl.sandbox.supervise import Child, supervise, wait_gone
@@ -39,10 +39,6 @@ class Kind:
         self.ruleset = ruleset  # Landlock: read-write access to this kind's directory only
         self.template: Template | None = None
         self.spare: Child | None = None
-
-    def template_features(self) -> dict[str, Any]:
-        """What the template reported when it was ready (huge pages)."""
-        return dict(self.template.features) if self.template else {}
 
 
 class Worker:
@@ -76,13 +72,7 @@ class Worker:
             seccomp=f"{filt.length}-instruction filter ({filt.arch})" if filt else "unavailable",
             pidfd=probe["pidfd"],
         )
-        preload = list(config.get("preload", []))
-        lean = config.get("lean_preload")
-        self.heavy: tuple[str, ...] = ()  # modules only the full template has imported
-        # As root, the lean spare needs a uid of its own (never root, never the full one's).
-        own_uid = not self.root or config.get("lean_uid") is not None
-        if lean is not None and set(lean) < set(preload) and own_uid:
-            self.heavy = tuple(m for m in preload if m not in lean)
+        self.heavy: tuple[str, ...] = ()  # modules only the full template imports
         self.kinds: dict[str, Kind] = {}  # "full" (and "lean"), set by `start_templates`
         self.last_child: Child | None = None
         self.last_kind: Kind | None = None
@@ -90,23 +80,29 @@ class Worker:
         self.counter = 0
 
     def start_templates(self, config: dict[str, Any]) -> None:
-        """Fork the template(s): the full preload list, and a lean one when `heavy` is not empty."""
+        """Fork the template(s): the full preload list, and a lean one when `lean_preload` is a
+        proper subset of it (as root, only with a uid of its own: never root, never the full
+        spare's)."""
         preload = list(config.get("preload", []))
+        lean = config.get("lean_preload")
+        lean_uid = config.get("lean_uid") if self.root else None
         kinds = [self._kind("full", preload, self.uid)]
-        if self.heavy:
-            lean_uid = config.get("lean_uid") if self.root else None
-            lean = [m for m in preload if m not in self.heavy]
-            kinds.append(self._kind("lean", lean, lean_uid))
+        if (
+            lean is not None
+            and set(lean) < set(preload)
+            and (lean_uid is not None or not self.root)
+        ):
+            self.heavy = tuple(m for m in preload if m not in lean)
+            kinds.append(self._kind("lean", [m for m in preload if m in lean], lean_uid))
         for kind in kinds:
             kind.template = Template(self, config, kind)
             self.kinds[kind.name] = kind
-        features = self.kinds["full"].template_features()
+        self.features.update(kinds[0].template.features if kinds[0].template else {})
         if self.heavy:
-            features["lean_template"] = (
+            self.features["lean_template"] = (
                 f"{', '.join(kinds[1].preload) or 'nothing'} preloaded, for calls that do not "
                 f"mention {', '.join(self.heavy)}"
             )
-        self.features.update(features)
         for kind in kinds:
             kind.spare = self.spawn_stateless(kind)
 
@@ -411,6 +407,13 @@ def main() -> None:
     serve_pool(worker)
 
 
+def _exit_without_template(exc: TemplateGone) -> NoReturn:
+    """Nothing more can be forked: exit, so the pool replaces this worker (and the call in
+    flight ends in `sandbox_error`)."""
+    sys.stderr.write(f"looprl sandbox worker: {exc}\n")
+    os._exit(75)
+
+
 def serve_pool(worker: Worker) -> None:
     """The request loop: read a frame, answer it, then clean up while the pool works."""
     while True:
@@ -421,9 +424,8 @@ def serve_pool(worker: Worker) -> None:
         start = time.monotonic()
         try:
             reply = worker.handle(req)
-        except TemplateGone as exc:  # nothing more can be forked: exit, the pool starts anew
-            sys.stderr.write(f"looprl sandbox worker: {exc}\n")
-            os._exit(75)
+        except TemplateGone as exc:
+            _exit_without_template(exc)
         except Exception as exc:  # noqa: BLE001 - report, never die, on a bad request
             reply = {
                 "status": "sandbox_error",
@@ -435,7 +437,6 @@ def serve_pool(worker: Worker) -> None:
             try:
                 worker.after_exec(req)
             except TemplateGone as exc:
-                sys.stderr.write(f"looprl sandbox worker: {exc}\n")
-                os._exit(75)
+                _exit_without_template(exc)
             except Exception as exc:  # noqa: BLE001 - a failed clean-up must not kill the worker
                 sys.stderr.write(f"looprl sandbox worker: clean-up failed: {exc}\n")
