@@ -134,7 +134,7 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
     from looprl.console import print_summary
     from looprl.engines.factory import make_policy
     from looprl.envs.registry import load_environment
-    from looprl.evaluation import load_results, summarize, write_metadata
+    from looprl.evaluation import error_headline, load_results, summarize, write_metadata
     from looprl.rendering.renderer import Renderer
     from looprl.rollout import RolloutConfig
     from looprl.types import SamplingParams
@@ -207,10 +207,14 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
         pass_threshold=args.pass_threshold,
     )
     print_summary(summary, title=f"{env.name} · {args.model}")
-    metadata.update(status="finished", summary=summary, seconds=seconds)
+    headline, failed = error_headline(summary)
+    if headline:
+        console.print(f"[{'bold red' if failed else 'yellow'}]{headline}[/]", highlight=False)
+    status = "failed" if failed else "finished_with_errors" if headline else "finished"
+    metadata.update(status=status, summary=summary, seconds=seconds)
     write_metadata(out / "metadata.json", metadata)
     console.print(f"results: {results_path}\nmetadata: {out / 'metadata.json'}")
-    return 0
+    return 1 if failed else 0
 
 
 async def _run_with_progress(env, engine, tasks, args, renderer, config, results_path, done):  # type: ignore[no-untyped-def]

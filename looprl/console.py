@@ -62,6 +62,8 @@ def summary_table(summary: dict[str, Any], title: str = "Evaluation") -> Table:
     table.add_row("tool errors", ", ".join(f"{k}={v}" for k, v in errors.items()) or "none")
     table.add_row("truncated", str(summary["truncated"]))
     table.add_row("rollout errors", str(summary["rollout_errors"]))
+    if summary.get("infra_errors"):
+        table.add_row("  of which infrastructure", str(summary["infra_errors"]))
     table.add_row("scoring errors", str(summary["scoring_errors"]))
     if summary.get("template_breaks"):
         table.add_row("template breaks", str(summary["template_breaks"]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from looprl import safe_json
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
 from looprl.rendering.renderer import Renderer
@@ -63,6 +63,7 @@ def summarize(
     out["truncated"] = sum(ep.truncated for ep in episodes)
     out["stop_reasons"] = dict(Counter(ep.stop_reason for ep in episodes))
     out["rollout_errors"] = sum(ep.rollout_error for ep in episodes)
+    out["infra_errors"] = sum(ep.infra_error for ep in episodes)
     out["scoring_errors"] = sum(ep.scoring_error for ep in episodes)
     out["error_messages"] = _top_errors(episodes)
     out["template_breaks"] = sum(int(ep.metrics.get("template_breaks", 0)) for ep in episodes)
@@ -143,6 +144,57 @@ def load_results(path: Path, *, repair: bool = False) -> tuple[list[EpisodeResul
     return episodes, bad
 
 
+def unfinished_groups(done: list[EpisodeResult], rollouts_per_task: int) -> set[str]:
+    """Task ids whose episodes in `done` must run again: an incomplete group, or one that holds
+    an infrastructure error (a dead server, a hung tool: the episode says nothing of the model).
+    """
+    counts = Counter(ep.task.id for ep in done)
+    return {ep.task.id for ep in done if ep.infra_error or counts[ep.task.id] < rollouts_per_task}
+
+
+def set_aside(results_path: Path, kept: list[EpisodeResult], dropped: list[EpisodeResult]) -> None:
+    """Rewrite the results file with `kept`, appending `dropped` to `retried.jsonl` beside it.
+
+    The rewrite is atomic (temporary file, fsync, rename): a kill leaves the old file or the new
+    one, and the dropped episodes (to be run again) stay readable for diagnosis.
+    """
+    if dropped:
+        ResultsWriter(results_path.with_name("retried.jsonl")).write_group(dropped)
+    tmp = results_path.with_name(f".{results_path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write("".join(ep.to_json() + "\n" for ep in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(results_path)
+
+
+def error_headline(summary: dict[str, Any], *, fail_fraction: float = 0.5) -> tuple[str, bool]:
+    """A one-line verdict on errored episodes and whether the run failed.
+
+    Returns ("", False) when nothing errored. A run fails when at least `fail_fraction` of its
+    episodes have rollout or infrastructure errors: its reward and pass@k then describe a few
+    survivors, not the model, and the headline says so.
+    """
+    total, errored = summary["episodes"], summary["rollout_errors"]
+    infra = summary.get("infra_errors", 0)
+    if not errored:
+        return "", False
+    failed = total > 0 and errored >= fail_fraction * total
+    kind = (
+        f"{infra} infrastructure"
+        if infra == errored
+        else f"{infra} infrastructure, {errored - infra} environment"
+    )
+    retry = "; `--resume` runs them again" if infra else ""
+    if failed:
+        return (
+            f"FAILED: {errored} of {total} episodes errored ({kind}); the reward and pass@k "
+            f"above come from the {summary['scored_episodes']} that did not{retry}",
+            True,
+        )
+    return f"warning: {errored} of {total} episodes errored ({kind}){retry}", False
+
+
 async def evaluate(
     env: Environment,
     engine: Engine,
@@ -156,14 +208,19 @@ async def evaluate(
     max_concurrent_groups: int = 64,
     on_group: Callable[[list[EpisodeResult]], None] | None = None,
 ) -> tuple[list[EpisodeResult], float]:
-    """Evaluate `tasks`, skipping complete groups in `done`; returns (all episodes, seconds)."""
+    """Evaluate `tasks`, skipping finished groups in `done`; returns (all episodes, seconds).
+
+    Groups in `done` that are incomplete or hold an infrastructure error run again whole (group
+    rewards need the whole group); their old episodes move to `retried.jsonl`.
+    """
     done = done or []
-    finished = Counter(ep.task.id for ep in done)
-    kept = [ep for ep in done if finished[ep.task.id] >= rollouts_per_task]
-    todo = [t for t in tasks if finished[t.id] < rollouts_per_task]
+    rerun = unfinished_groups(done, rollouts_per_task)
+    kept = [ep for ep in done if ep.task.id not in rerun]
+    seen = {ep.task.id for ep in kept}
+    todo = [t for t in tasks if t.id not in seen]
     writer = ResultsWriter(results_path) if results_path else None
-    if results_path and len(kept) != len(done):  # drop incomplete groups; they are rerun whole
-        results_path.write_text("".join(ep.to_json() + "\n" for ep in kept), encoding="utf-8")
+    if results_path and len(kept) != len(done):
+        set_aside(results_path, kept, [ep for ep in done if ep.task.id in rerun])
 
     def handle(group: list[EpisodeResult]) -> None:
         if writer:
@@ -188,5 +245,5 @@ async def evaluate(
 def write_metadata(path: Path, metadata: dict[str, Any]) -> None:
     """Write metadata JSON atomically (temp file + rename)."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metadata, indent=2, default=str), encoding="utf-8")
+    tmp.write_text(safe_json.dumps(metadata, indent=2), encoding="utf-8")
     tmp.replace(path)

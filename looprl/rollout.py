@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from looprl.engines.base import Engine, GenerationRequest
-from looprl.envs.base import Environment
+from looprl.envs.base import Environment, Limits
 from looprl.rendering.renderer import Renderer
 from looprl.types import EpisodeResult, Message, SamplingParams, Task, Trajectory
 
@@ -63,7 +63,7 @@ async def rollout(
         result.stop_reason = "timeout"
         result.errors.append(
             {
-                "kind": "rollout",
+                "kind": "infra",
                 "message": f"episode exceeded its timeout of {env.limits.timeout_s} s",
             }
         )
@@ -105,6 +105,8 @@ async def _episode_loop(
         budget = min(limits.max_tokens_per_turn, limits.max_context_tokens - len(segment))
         if token_level and budget <= 0:
             result.truncated, result.stop_reason = True, "max_context"
+            if turn == 0:  # nothing was generated: there is nothing to score or train on
+                result.errors.append({"kind": "rollout", "message": _no_room(len(segment), limits)})
             break
         sampling = _turn_sampling(config, result, turn, budget)
         request = GenerationRequest(
@@ -118,7 +120,7 @@ async def _episode_loop(
         result.timings["generate"] = result.timings.get("generate", 0.0) + time.perf_counter() - t0
         if gen.finish_reason == "error":
             result.stop_reason = "error"
-            result.errors.append({"kind": "rollout", "message": f"engine: {gen.error}"})
+            result.errors.append({"kind": "infra", "message": f"engine: {gen.error}"})
             break
         if token_level:
             assert renderer is not None
@@ -145,6 +147,7 @@ async def _episode_loop(
         outcome = await env.step(messages, parsed, state)
         result.timings["env"] = result.timings.get("env", 0.0) + time.perf_counter() - t0
         result.num_tool_calls += outcome.num_tool_calls
+        result.errors.extend({"kind": "infra", "message": m} for m in outcome.infra_errors)
         for kind, count in outcome.tool_errors.items():
             result.tool_errors[kind] = result.tool_errors.get(kind, 0) + count
         if outcome.done or not outcome.messages:
@@ -163,6 +166,14 @@ async def _episode_loop(
             if not appended:
                 result.truncated, result.stop_reason = True, "max_context"
                 break
+
+
+def _no_room(prompt_tokens: int, limits: Limits) -> str:
+    return (
+        f"the prompt is {prompt_tokens} tokens, leaving no room to generate within "
+        f"max_context_tokens={limits.max_context_tokens}; shorten the prompt or raise the "
+        "environment's max_context_tokens"
+    )
 
 
 def _append_env_turn(

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from looprl import safe_json
+
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "error"]
 
@@ -202,8 +204,11 @@ class EpisodeResult:
 
     `rewards` maps each reward function (weighted or zero-weight metric) to its value; `reward`
     is the weighted total. `errors` holds structured error records (`{"kind", "message", ...}`):
-    kind `rollout` (engine or environment failure: the episode is unusable), `scoring` (a reward
-    function raised: excluded from training statistics). `tool_errors` counts failed tool calls
+    kind `infra` (a fault outside the model and the environment's code: the engine or server
+    failed, a tool hung, the episode's wall-clock limit ran out; the episode is unusable and
+    `looprl eval --resume` runs its group again), `rollout` (the environment failed, or the
+    episode could not start: unusable), `scoring` (a reward function raised: excluded from
+    training statistics). `tool_errors` counts failed tool calls
     by kind. `timings` holds seconds per phase (generate, tools, score, total).
     """
 
@@ -225,8 +230,13 @@ class EpisodeResult:
 
     @property
     def rollout_error(self) -> bool:
-        """True when the rollout itself failed (engine or environment), not just scoring."""
-        return any(e.get("kind") == "rollout" for e in self.errors)
+        """True when the rollout itself failed (infrastructure or environment), not just scoring."""
+        return any(e.get("kind") in ("rollout", "infra") for e in self.errors)
+
+    @property
+    def infra_error(self) -> bool:
+        """True when a fault outside the model and environment code spoiled the episode (retryable)."""
+        return any(e.get("kind") == "infra" for e in self.errors)
 
     @property
     def scoring_error(self) -> bool:
@@ -285,8 +295,8 @@ class EpisodeResult:
         )
 
     def to_json(self) -> str:
-        """One JSONL line."""
-        return json.dumps(self.to_dict(), ensure_ascii=False)
+        """One JSONL line of strict JSON that encodes to UTF-8 whatever the model wrote."""
+        return safe_json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeResult:

@@ -50,12 +50,17 @@ class Limits:
 
 @dataclass
 class StepOutcome:
-    """What the environment does after an assistant turn: new messages, or done."""
+    """What the environment does after an assistant turn: new messages, or done.
+
+    `infra_errors` lists faults that were not the model's (a tool that hung): the rollout records
+    each on the episode as an error of kind `infra`, which keeps the episode out of training.
+    """
 
     messages: list[Message] = field(default_factory=list)
     done: bool = False
     tool_errors: dict[str, int] = field(default_factory=dict)
     num_tool_calls: int = 0
+    infra_errors: list[str] = field(default_factory=list)
 
 
 class Environment:
@@ -241,5 +246,8 @@ class ToolEnv(Environment):
         out = [r.to_message() for r in results]
         errors = count_tool_errors(results)
         return StepOutcome(
-            messages=out, tool_errors=errors, num_tool_calls=len(parsed.calls) + len(parsed.errors)
+            messages=out,
+            tool_errors=errors,
+            num_tool_calls=len(parsed.calls) + len(parsed.errors),
+            infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
         )

@@ -17,7 +17,12 @@ Rules of `HermesParser`, decided here once:
   turn hit its token limit, or a stop string ended it early) is a malformed, unclosed call;
   a stray `</tool_call>` with no opening tag stays in the text;
 - every block, well-formed or not, gets the next id `call_0`, `call_1`, ... in order of
-  appearance, so each one is answered with a tool message.
+  appearance, so each one is answered with a tool message;
+- a near-miss tag outside the blocks (`<TOOL_CALL>`, `< tool_call >`, `<tool-call>`, ...) is a
+  malformed call of kind `misspelled_tag`, not a final answer: the model is told the exact tag;
+- the JSON must be strict and its strings valid Unicode: NaN, Infinity, numbers too large for a
+  float, lone surrogate escapes, integers past Python's digit limit and nesting deeper than
+  `MAX_ARGUMENT_DEPTH` are each a malformed call with a message, never an exception.
 
 Malformed blocks become `ParseError`s whose `kind` says precisely what was wrong; the tool
 executor answers every one of them with a tool message of kind `malformed_json`.
@@ -26,6 +31,8 @@ executor answers every one of them with a tool message of kind `malformed_json`.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,7 +44,18 @@ MISSING_NAME = "missing_name"
 BAD_NAME = "bad_name"
 BAD_ARGUMENTS = "bad_arguments"
 UNCLOSED_TAG = "unclosed_tag"
-PARSE_ERROR_KINDS = (INVALID_JSON, NOT_OBJECT, MISSING_NAME, BAD_NAME, BAD_ARGUMENTS, UNCLOSED_TAG)
+MISSPELLED_TAG = "misspelled_tag"
+PARSE_ERROR_KINDS = (
+    INVALID_JSON,
+    NOT_OBJECT,
+    MISSING_NAME,
+    BAD_NAME,
+    BAD_ARGUMENTS,
+    UNCLOSED_TAG,
+    MISSPELLED_TAG,
+)
+MAX_ARGUMENT_DEPTH = 32
+"""Deepest nesting of arrays and objects accepted in a call; no tool signature needs more."""
 
 _EXAMPLE = '{"name": "tool_name", "arguments": {"arg": "value"}}'
 
@@ -124,7 +142,36 @@ class HermesParser:
             else:
                 errors.append(result)
             pos = end + len(self.close_tag)
+        for match in _near_miss_tags(content_parts, self.open_tag, self.close_tag):
+            errors.append(
+                ParseError(MISSPELLED_TAG, _misspelled_message(match), match, f"call_{index}")
+            )
+            index += 1
         return ParsedTurn(content="".join(content_parts).strip(), calls=calls, errors=errors)
+
+
+_NEAR_MISS = re.compile(r"<\s*/?\s*tool[\s_\-]?call\s*/?\s*>", re.IGNORECASE)
+
+
+def _near_miss_tags(parts: list[str], open_tag: str, close_tag: str) -> list[str]:
+    """Tags outside the blocks that look like a tool-call tag but are not exactly one.
+
+    Exact tags left in the text (a stray closing tag) are not near misses. One report per
+    spelling: `<TOOL_CALL>` and `</TOOL_CALL>` are one mistake, reported by the first seen.
+    """
+    seen: dict[str, str] = {}
+    for part in parts:
+        for match in _NEAR_MISS.findall(part):
+            if match not in (open_tag, close_tag):
+                seen.setdefault(match.replace("/", ""), match)
+    return list(seen.values())
+
+
+def _misspelled_message(tag: str) -> str:
+    return (
+        f"{tag!r} is not a tool-call tag, so no tool ran; tags are exact and lower-case: "
+        f"write <tool_call>{_EXAMPLE}</tool_call>"
+    )
 
 
 def _unclosed_message(raw: str) -> str:
@@ -146,10 +193,11 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
             f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it",
         )
     try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
+        obj = _strict_loads(body)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, NaN, digit limit, nesting
         return error(
-            INVALID_JSON, f"invalid JSON in <tool_call>: {exc}; expected an object like {_EXAMPLE}"
+            INVALID_JSON,
+            f"invalid JSON in <tool_call>: {_short(exc)}; expected an object like {_EXAMPLE}",
         )
     if not isinstance(obj, dict):
         return error(
@@ -174,11 +222,11 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
     args: Any = obj.get(key, {})
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
+            args = _strict_loads(args) if args.strip() else {}
+        except (ValueError, RecursionError) as exc:
             return error(
                 BAD_ARGUMENTS,
-                f'"{key}" is a string but not valid JSON: {exc}; pass a JSON object',
+                f'"{key}" is a string but not valid JSON: {_short(exc)}; pass a JSON object',
                 name,
             )
     if not isinstance(args, dict):
@@ -188,6 +236,63 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
             name,
         )
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
+
+
+def _strict_loads(text: str) -> Any:
+    """Parse JSON that a tool may safely receive and a results file may safely hold.
+
+    Raises ValueError (with a message for the model) for NaN/Infinity, numbers that overflow a
+    float, lone surrogates, too-deep nesting and integers past the digit limit; RecursionError
+    only escapes `json` itself on pathological input, and the caller catches it too.
+    """
+    value = json.loads(text, parse_constant=_reject_constant)
+    _check_value(value, 0)
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON; write a finite number or a string")
+
+
+def _check_value(value: Any, depth: int) -> None:
+    """Raise ValueError for what strict JSON or UTF-8 cannot carry (iterative over containers)."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, str):
+            _check_string(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("a number is too large for a float; write it as a string")
+        elif isinstance(item, (dict, list)):
+            if level >= MAX_ARGUMENT_DEPTH:
+                raise ValueError(f"values are nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+            if isinstance(item, dict):
+                for key in item:
+                    _check_string(key)
+                stack.extend((v, level + 1) for v in item.values())
+            else:
+                stack.extend((v, level + 1) for v in item)
+
+
+def _check_string(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.start + 1]
+        raise ValueError(
+            f"a string holds the lone surrogate \\u{ord(bad):04x}, which is not a character; "
+            "use valid Unicode"
+        ) from None
+
+
+def _short(exc: BaseException) -> str:
+    """An exception's message, bounded (json's digit-limit message is long)."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, RecursionError):
+        text = "the JSON is nested too deeply"
+    elif "integer string conversion" in text:  # Python's digit limit (sys.int_info)
+        text = "an integer has too many digits; write it as a string"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _json_type(value: Any) -> str:

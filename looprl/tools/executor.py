@@ -4,10 +4,17 @@ Bad calls are part of learning, not crashes. Each call of a turn ends in exactly
 `ToolResult` whose `content` is the tool message shown to the model; a failed call carries one
 of the `ERROR_KINDS` and a message that says what went wrong and what the tool expects.
 
-Sync tools run in a thread pool owned by the executor, so a slow tool never blocks the event
-loop (other episodes keep sampling). A thread cannot be killed: a sync tool that overruns its
-timeout is answered with a `timeout` message at once but keeps its thread until it returns.
-Tools that may hang for good belong in a sandbox process (`looprl.sandbox`) or should be async.
+Sync tools run on daemon threads owned by the executor (`looprl.tools.threads`), so a slow
+tool never blocks the event loop (other episodes keep sampling). A thread cannot be killed: a
+sync tool that overruns its timeout is answered with a `timeout` message at once, its thread is
+abandoned and replaced (the pool never starves), and it cannot keep the process alive at exit.
+The timeout runs from the moment the call starts, never while it waits for a thread.
+
+A call that overruns the executor's timeout is an *infrastructure* fault (`ToolResult.infra`):
+the tool, not the model's call, failed to answer. The environment records it on the episode,
+which then stays out of training and is retried by `looprl eval --resume`. A tool whose
+slowness is the model's doing (code that loops) must bound it itself and return a message, as
+the sandbox does. Tools that may hang for good belong in a sandbox process or should be async.
 """
 
 from __future__ import annotations
@@ -18,14 +25,15 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pydantic
 import pydantic_core
 
+from looprl.safe_json import clean_text
 from looprl.tools.schema import Tool, make_tool, make_tools
+from looprl.tools.threads import ToolThreads, ToolThreadsExhausted
 from looprl.types import Message, ToolCall
 
 if TYPE_CHECKING:
@@ -38,6 +46,7 @@ UNEXPECTED_ARGUMENT = "unexpected_argument"
 INVALID_ARGUMENT = "invalid_argument"
 EXCEPTION = "exception"
 TIMEOUT = "timeout"
+UNAVAILABLE = "unavailable"
 ERROR_KINDS = (
     MALFORMED_JSON,
     UNKNOWN_TOOL,
@@ -46,6 +55,7 @@ ERROR_KINDS = (
     INVALID_ARGUMENT,
     EXCEPTION,
     TIMEOUT,
+    UNAVAILABLE,
 )
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
@@ -57,6 +67,8 @@ class ToolResult:
 
     `error_kind` is None on success, else one of `ERROR_KINDS`. `truncated` is True when the
     content was cut to the executor's `max_result_chars`. `seconds` is the wall time of the call.
+    `infra` is True when the tool, not the model's call, failed (it hung past the timeout, or no
+    thread could be had): the episode is then recorded as an infrastructure fault.
     """
 
     call_id: str
@@ -65,6 +77,7 @@ class ToolResult:
     error_kind: str | None = None
     seconds: float = 0.0
     truncated: bool = False
+    infra: bool = False
 
     def to_message(self) -> Message:
         """The tool message answering the call."""
@@ -72,11 +85,12 @@ class ToolResult:
 
 
 class _CallError(Exception):
-    """A call that failed before or while running; carries its error kind."""
+    """A call that failed before or while running; carries its error kind and whose fault it is."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, *, infra: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.infra = infra
 
 
 def count_tool_errors(results: Iterable[ToolResult]) -> dict[str, int]:
@@ -93,8 +107,10 @@ class ToolExecutor:
     """Runs an environment's tools for the model's calls; never raises for a bad call.
 
     `timeout` (seconds) bounds each call; `max_result_chars` bounds each tool message;
-    `max_threads` sizes the pool that runs sync tools (asyncio's default pool has only
-    cpu_count + 4 threads, too few when many episodes call slow tools at once).
+    `max_threads` bounds the sync calls running at once (asyncio's default pool has only
+    cpu_count + 4 threads, too few when many episodes call slow tools at once); hung calls do
+    not count against it, and at most `max_hung` may hang at once (then calls of sync tools are
+    answered `unavailable`, an infrastructure fault, until some return).
     """
 
     def __init__(
@@ -104,6 +120,7 @@ class ToolExecutor:
         timeout: float = 10.0,
         max_result_chars: int = 4000,
         max_threads: int = 32,
+        max_hung: int = 256,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"ToolExecutor timeout must be > 0 seconds, got {timeout}")
@@ -118,7 +135,8 @@ class ToolExecutor:
         self.timeout = timeout
         self.max_result_chars = max_result_chars
         self.max_threads = max_threads
-        self._pool: ThreadPoolExecutor | None = None
+        self.max_hung = max_hung
+        self._pool: ToolThreads | None = None
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -166,27 +184,34 @@ class ToolExecutor:
 
     def error_result(self, error: ParseError) -> ToolResult:
         """The tool message answering a malformed tool-call block (kind `malformed_json`)."""
-        content, truncated = self._truncate(f"Error: {error.message}")
+        content, truncated = self._truncate(clean_text(f"Error: {error.message}"))
         return ToolResult(error.id, error.name, content, MALFORMED_JSON, 0.0, truncated)
 
     async def run_one(self, call: ToolCall, state: Mapping[str, Any]) -> ToolResult:
         """Validate and run one call; every failure becomes a result with its error kind."""
         start = time.perf_counter()
         kind: str | None = None
+        infra = False
         try:
             tool = self._lookup(call.name)
             kwargs = self._arguments(tool, call.arguments)
             kwargs.update(_hidden_arguments(tool, state))
             content = _encode(await self._invoke(tool, kwargs))
         except _CallError as err:
-            kind, content = err.kind, f"Error: {err}"
-        text, truncated = self._truncate(content)
-        return ToolResult(call.id, call.name, text, kind, time.perf_counter() - start, truncated)
+            kind, content, infra = err.kind, f"Error: {err}", err.infra
+        text, truncated = self._truncate(clean_text(content))
+        seconds = time.perf_counter() - start
+        return ToolResult(call.id, call.name, text, kind, seconds, truncated, infra)
+
+    @property
+    def hung_calls(self) -> int:
+        """Sync calls abandoned after their timeout whose threads have not returned yet."""
+        return self._pool.abandoned if self._pool is not None else 0
 
     def close(self) -> None:
-        """Release the thread pool (threads still running a timed-out tool finish on their own)."""
+        """Release the threads (threads still running a hung tool are daemons: they end with it)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
 
     def _lookup(self, name: str) -> Tool:
@@ -232,25 +257,52 @@ class ToolExecutor:
 
     async def _invoke(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
         """Call the tool under the per-call timeout; exceptions become `exception` errors."""
+        if not tool.is_async:
+            return await self._invoke_sync(tool, kwargs)
         try:
             async with asyncio.timeout(self.timeout) as deadline:
-                if tool.is_async:
-                    return await tool.fn(**kwargs)
-                loop = asyncio.get_running_loop()
-                call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
-                return await loop.run_in_executor(self._threads(), call)
+                return await tool.fn(**kwargs)
         except TimeoutError as exc:
             if deadline.expired():
-                raise _CallError(
-                    TIMEOUT, f"tool {tool.name!r} timed out after {self.timeout:g} s"
-                ) from None
+                raise self._timeout(tool) from None
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
 
-    def _threads(self) -> ThreadPoolExecutor:
+    async def _invoke_sync(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
+        """Run a sync tool on a pool thread; the timeout starts when the thread picks it up."""
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
+        pool = self._threads()
+        try:
+            future = pool.submit(call, on_start=lambda: loop.call_soon_threadsafe(started.set))
+        except ToolThreadsExhausted as exc:
+            raise _CallError(
+                UNAVAILABLE, f"tool {tool.name!r} could not run: {exc}", infra=True
+            ) from None
+        try:
+            await started.wait()
+            async with asyncio.timeout(self.timeout) as deadline:
+                return await asyncio.wrap_future(future)
+        except TimeoutError as exc:
+            if deadline.expired():
+                raise self._timeout(tool) from None
+            raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
+            raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        finally:
+            if not future.done():  # timed out or cancelled: free the thread's slot
+                pool.abandon(future)
+
+    def _timeout(self, tool: Tool) -> _CallError:
+        return _CallError(
+            TIMEOUT, f"tool {tool.name!r} timed out after {self.timeout:g} s", infra=True
+        )
+
+    def _threads(self) -> ToolThreads:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.max_threads, thread_name_prefix="looprl-tool")
+            self._pool = ToolThreads(self.max_threads, max_abandoned=self.max_hung)
         return self._pool
 
     def _truncate(self, content: str) -> tuple[str, bool]:
