@@ -351,6 +351,25 @@ async def test_closing_stdout_is_the_codes_error_not_silent_loss(box):
     assert "stdout could not be written" in r.message and "output was lost" in r.message, r
 
 
+BYTES_CODE = (
+    "import sys\nprint('a')\nsys.stdout.buffer.write(b'b\\n')\nsys.stdout.write('c\\n')\n"
+    "sys.stderr.buffer.write(bytearray(b'e\\n'))\nsys.stdout.buffer.flush()\n"
+    "sys.stdout.buffer.write(memoryview(b'\\xc3\\xa9\\n'))"
+)
+
+
+async def test_bytes_written_through_sys_stdout_buffer_arrive_in_order(box):
+    for sid in (None, "bytes"):
+        r = await box.execute(BYTES_CODE, session_id=sid)
+        # the trailing expression is write()'s return value: bytes written, as on a real stdout
+        assert (r.status, r.stdout, r.stderr, r.value) == ("ok", "a\nb\nc\né\n", "e\n", "3"), r
+    r = await box.execute("import sys\nsys.stdout.buffer.write(b'x' * 10**6)", session_id="bytes")
+    assert r.status == "output_limit" and len(r.stdout) <= LIMITS.max_output_bytes, r
+    r = await box.execute("import sys\nsys.stdout.buffer.write('text')")
+    assert r.status == "error" and "bytes-like object is required" in r.message, r
+    await box.close_session("bytes")
+
+
 # ---------------------------------------------------------------- time, memory, output, disk
 
 

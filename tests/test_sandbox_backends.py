@@ -110,6 +110,13 @@ async def test_subprocess_backend_hides_environment_and_keeps_sessions(sub):
     assert (await sub.execute("x", session_id="s")).status == "error"
 
 
+async def test_subprocess_backend_writes_bytes_through_sys_stdout_buffer(sub):
+    code = "import sys\nprint('a')\nsys.stdout.buffer.write(b'b\\n')\nsys.stderr.buffer.write(b'e')"
+    for sid in (None, "s"):
+        r = await sub.execute(code, session_id=sid)
+        assert (r.status, r.stdout, r.stderr) == ("ok", "a\nb\n", "e"), r
+
+
 # ---------------------------------------------------------------- HTTP backend against a fake SandboxFusion
 
 
@@ -208,6 +215,11 @@ async def test_http_backend_emulates_sessions_by_replay(fake_server):
         assert (r.status, r.stdout, r.value) == ("ok", "", "42"), r
         await ex.close_session("e")
         assert (await ex.execute("b", session_id="e")).status == "error"
+        # a cell that wrote bytes is replayed into a stream that has a buffer, like stdout
+        code = "import sys\nsys.stdout.buffer.write(b'raw\\n')\nc = 3"
+        assert (await ex.execute(code, session_id="f")).stdout == "raw\n"
+        r = await ex.execute("print(c * 2)", session_id="f")
+        assert (r.status, r.stdout) == ("ok", "6\n"), r
     finally:
         await ex.close()
 

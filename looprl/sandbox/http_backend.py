@@ -6,7 +6,8 @@ The request is `{"code", "language": "python", "run_timeout", "compile_timeout",
 "stderr", "execution_time"}}`, as in SandboxFusion's `sandbox_api.py`. The service is stateless,
 so the code is wrapped in a small driver that evaluates the trailing expression (its `repr` is
 printed after a random marker and taken out of stdout). Sessions are emulated by replaying the
-session's earlier successful cells, with their output discarded, before the new cell: state is
+session's earlier successful cells, with their output discarded (into a text stream that has a
+`buffer`, like a real stdout, so cells that write bytes replay too), before the new cell: state is
 rebuilt each call (side effects and randomness are re-run). Connection failures, HTTP errors and
 `SandboxError` become `sandbox_error`, never the model's fault.
 """
@@ -34,7 +35,7 @@ for _i, _src in enumerate(_cells):
     _expr = None
     if _tree.body and isinstance(_tree.body[-1], _ast.Expr):
         _expr = _ast.Expression(_tree.body.pop().value)
-    with (_cl.nullcontext() if _last else _cl.redirect_stdout(_io.StringIO())):
+    with (_cl.nullcontext() if _last else _cl.redirect_stdout(_io.TextIOWrapper(_io.BytesIO()))):
         exec(compile(_tree, "<cell>", "exec"), _ns)
         _value = eval(compile(_expr, "<cell>", "eval"), _ns) if _expr is not None else None
     if _last and _value is not None:

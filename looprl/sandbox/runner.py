@@ -39,13 +39,23 @@ class _Budget:
 
 
 class CappedStream(io.TextIOBase):
-    """A text stream writing UTF-8 to a file descriptor, stopping the code at the output cap."""
+    """A text stream writing UTF-8 to a file descriptor, stopping the code at the output cap.
+
+    Its `buffer` is the binary side (`sys.stdout.buffer.write(b"...")`, as on a real stdout);
+    both sides share one buffer and the output budget, so text and bytes keep their order.
+    """
 
     def __init__(self, fd: int, budget: _Budget, buffer_size: int = 8192) -> None:
         self._fd = fd
         self._budget = budget
         self._buffer = bytearray()
         self._size = buffer_size
+        self._binary = CappedBuffer(self)
+
+    @property
+    def buffer(self) -> CappedBuffer:  # type: ignore[override]
+        """The binary stream underneath (write bytes here)."""
+        return self._binary
 
     def writable(self) -> bool:
         """Always True."""
@@ -55,6 +65,11 @@ class CappedStream(io.TextIOBase):
     def encoding(self) -> str:  # type: ignore[override]
         """The encoding of the bytes written (UTF-8)."""
         return "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        """How unencodable characters are written (as backslash escapes)."""
+        return "backslashreplace"
 
     def fileno(self) -> int:
         """The underlying descriptor."""
@@ -68,7 +83,11 @@ class CappedStream(io.TextIOBase):
         """Buffer `s`; raise OutputLimitExceeded once the shared budget is spent."""
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
-        data = s.encode("utf-8", "backslashreplace")
+        self.write_bytes(s.encode("utf-8", "backslashreplace"))
+        return len(s)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Buffer raw bytes (the text side and `buffer` both end here), within the budget."""
         over = len(data) > self._budget.left
         if over:
             data = data[: max(self._budget.left, 0)]
@@ -78,7 +97,6 @@ class CappedStream(io.TextIOBase):
             self.flush()
         if over:
             raise OutputLimitExceeded("output limit reached")
-        return len(s)
 
     def flush(self) -> None:
         """Write the buffer to the descriptor."""
@@ -87,6 +105,37 @@ class CappedStream(io.TextIOBase):
         while view:
             n = os.write(self._fd, view)
             view = view[n:]
+
+
+class CappedBuffer(io.BufferedIOBase):
+    """The binary side of a `CappedStream` (`sys.stdout.buffer`): bytes in, same cap, same order."""
+
+    def __init__(self, text: CappedStream) -> None:
+        self._text = text
+
+    def writable(self) -> bool:
+        """Always True."""
+        return True
+
+    def fileno(self) -> int:
+        """The underlying descriptor."""
+        return self._text.fileno()
+
+    def isatty(self) -> bool:
+        """Never a terminal."""
+        return False
+
+    def write(self, b: Any) -> int:
+        """Buffer bytes (any bytes-like object); raise OutputLimitExceeded past the cap."""
+        if isinstance(b, str):
+            raise TypeError("a bytes-like object is required, not 'str'")
+        data = bytes(memoryview(b))
+        self._text.write_bytes(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Write what is buffered (shared with the text side) to the descriptor."""
+        self._text.flush()
 
 
 def _user_traceback(exc: BaseException) -> str:
