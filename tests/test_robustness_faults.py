@@ -1,0 +1,204 @@
+"""Faults that are not the model's: hung tools, dead servers, prompts with no room to generate.
+
+A hung tool is an infrastructure fault, the pool recovers, and `looprl eval` exits promptly;
+`--resume` re-runs groups that hold infrastructure errors; a run that mostly errored says so and
+exits non-zero; an episode that could not generate a token is not scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from looprl.cli import main
+from looprl.engines.scripted import ScriptedEngine
+from looprl.envs.base import Limits
+from looprl.envs.calculator import load_environment
+from looprl.evaluation import error_headline, summarize
+from looprl.rendering.renderer import Renderer
+from looprl.rollout import run_group
+from looprl.testing.fake_openai import FakeOpenAIServer, FakeReply
+from looprl.tools import TIMEOUT, UNAVAILABLE, ToolExecutor
+from looprl.tools.threads import ToolThreads
+from looprl.types import ToolCall
+
+HANG_ENV = str(Path(__file__).parent / "envs" / "hang_env.py")
+RELEASE = threading.Event()
+
+
+def stuck(seconds: float) -> str:
+    """Block until the test releases it.
+
+    Args:
+        seconds: ignored.
+    """
+    RELEASE.wait()
+    return "released"
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a + b
+
+
+def call(name: str, i: int, **arguments) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments, id=f"call_{i}")
+
+
+async def test_hung_sync_calls_do_not_starve_other_tools() -> None:
+    """40 hung calls on a 4-thread pool: each is a timeout marked infra, `add` still answers."""
+    RELEASE.clear()
+    ex = ToolExecutor([stuck, add], timeout=0.2, max_threads=4)
+    try:
+        hung = await ex.run([call("stuck", i, seconds=1) for i in range(40)], {})
+        assert {(r.error_kind, r.infra) for r in hung} == {(TIMEOUT, True)}
+        assert ex.hung_calls == 40
+        t0 = time.perf_counter()
+        quick = await ex.run([call("add", i, a=i, b=1) for i in range(8)], {})
+        assert [r.content for r in quick] == [str(i + 1) for i in range(8)]
+        assert not any(r.infra or r.error_kind for r in quick)
+        assert time.perf_counter() - t0 < 0.2 * 4  # none waited out a timeout for a thread
+    finally:
+        RELEASE.set()
+        ex.close()
+    deadline = time.monotonic() + 5
+    while ex.hung_calls and time.monotonic() < deadline:  # released threads leave the count
+        await asyncio.sleep(0.02)
+
+
+async def test_too_many_hung_calls_is_unavailable_not_a_timeout() -> None:
+    RELEASE.clear()
+    ex = ToolExecutor([stuck, add], timeout=0.1, max_threads=2, max_hung=3)
+    try:
+        await ex.run([call("stuck", i, seconds=1) for i in range(3)], {})
+        (r,) = await ex.run([call("add", 0, a=1, b=2)], {})
+        assert (r.error_kind, r.infra) == (UNAVAILABLE, True)
+        assert "3 tool calls are hung" in r.content and "sandbox" in r.content
+    finally:
+        RELEASE.set()
+        ex.close()
+
+
+async def test_queue_wait_is_not_charged_to_the_tool() -> None:
+    """With one thread, 3 calls of 0.15 s under a 0.25 s timeout all succeed (queued, not slow)."""
+
+    def slow(seconds: float) -> str:
+        """Sleep.
+
+        Args:
+            seconds: how long.
+        """
+        time.sleep(seconds)
+        return "ok"
+
+    ex = ToolExecutor([slow], timeout=0.25, max_threads=1)
+    results = await ex.run([call("slow", i, seconds=0.15) for i in range(3)], {})
+    ex.close()
+    assert [r.content for r in results] == ["ok"] * 3
+
+
+def test_tool_threads_cancel_queued_work_and_replace_abandoned() -> None:
+    gate = threading.Event()
+    pool = ToolThreads(1)
+    first = pool.submit(gate.wait)
+    queued = pool.submit(lambda: "never")
+    time.sleep(0.05)
+    pool.abandon(queued)  # not started: cancelled outright
+    assert queued.cancelled()
+    pool.abandon(first)  # running: its slot goes to a fresh thread
+    assert pool.abandoned == 1
+    assert pool.submit(lambda: 7).result(timeout=5) == 7
+    gate.set()
+    pool.close()
+
+
+def _tool_then_answer(tool: str):
+    """A fake-server script: call `tool` on the first turn, then answer 4."""
+
+    def script(req):
+        if any(m["role"] == "tool" for m in req["messages"]):
+            return FakeReply(text="The answer is 4.")
+        return FakeReply(tool_calls=[{"name": tool, "arguments": {"seconds": 1}}])
+
+    return script
+
+
+def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None:
+    """Every episode's tool hangs for good: the run ends, says FAILED, exits 1, and the process
+    exits at once (no thread of the hung tool keeps it alive)."""
+    out = tmp_path / "hung"
+    with FakeOpenAIServer(script=_tool_then_answer("hang")) as srv:
+        cmd = [sys.executable, "-m", "looprl.cli", "eval", HANG_ENV, "--base-url", srv.base_url]
+        cmd += ["--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        seconds = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED: 6 of 6 episodes errored (6 infrastructure)" in proc.stdout
+    assert seconds < 60  # without daemon threads the process never exits
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "failed" and meta["summary"]["infra_errors"] == 6
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert all(r["errors"][0]["kind"] == "infra" for r in rows)
+    assert all("'hang'" in r["errors"][0]["message"] for r in rows)
+
+
+def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys) -> None:
+    out = tmp_path / "dead"
+    dead = FakeOpenAIServer(script=["x"]).start()
+    dead_url = dead.base_url
+    dead.stop()  # nothing listens there now
+    args = ["eval", "calculator", "--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
+    assert main([*args, "--base-url", dead_url]) == 1
+    first = json.loads((out / "metadata.json").read_text())
+    assert first["status"] == "failed" and first["summary"]["infra_errors"] == 6
+    assert "FAILED" in capsys.readouterr().out
+
+    def solver(req):
+        if any(m["role"] == "tool" for m in req["messages"]):
+            return FakeReply(text=f"The answer is {req['messages'][-1]['content']}.")
+        expr = req["messages"][-1]["content"].removeprefix("What is ").removesuffix("?")
+        return FakeReply(tool_calls=[{"name": "calculate", "arguments": {"expression": expr}}])
+
+    with FakeOpenAIServer(script=solver) as srv:
+        assert main([*args, "--base-url", srv.base_url, "--resume"]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "finished"
+    assert meta["summary"]["scored_episodes"] == 6 and meta["summary"]["reward_mean"] == 1.0
+    assert len((out / "results.jsonl").read_text().splitlines()) == 6
+    retried = [json.loads(line) for line in (out / "retried.jsonl").read_text().splitlines()]
+    assert len(retried) == 6 and all(r["errors"][0]["kind"] == "infra" for r in retried)
+
+
+def test_error_headline_warns_below_half_and_fails_from_half() -> None:
+    base = {"scored_episodes": 0, "infra_errors": 1}
+    assert error_headline({"episodes": 10, "rollout_errors": 0, **base}) == ("", False)
+    text, failed = error_headline({"episodes": 10, "rollout_errors": 1, **base})
+    assert not failed and text.startswith("warning: 1 of 10 episodes errored (1 infrastructure)")
+    text, failed = error_headline({"episodes": 10, "rollout_errors": 5, **base})
+    assert failed and "(1 infrastructure, 4 environment)" in text
+
+
+async def test_prompt_without_room_to_generate_is_not_scored(tiny_tokenizer) -> None:
+    env = load_environment()
+    env.limits = Limits(max_turns=2, max_tokens_per_turn=32, max_context_tokens=8)
+    engine = ScriptedEngine(["The answer is 4."], tiny_tokenizer)
+    task = env.get_tasks("eval", 1, seed=0)[0]
+    [ep] = await run_group(
+        env, engine, task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas)
+    )
+    assert engine.calls == 0 and ep.num_turns == 0
+    assert ep.rollout_error and not ep.rewards and ep.reward == 0.0
+    assert "leaving no room to generate within max_context_tokens=8" in ep.errors[0]["message"]
+    summary = summarize([ep], rollouts_per_task=1)
+    assert summary["scored_episodes"] == 0 and summary["rollout_errors"] == 1
