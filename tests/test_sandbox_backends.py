@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from looprl.sandbox import (
     proto,
 )
 from looprl.sandbox.seccomp import _assemble, build_filter, denied_syscalls
+from looprl.sandbox.subprocess_backend import unreachable_for_nobody
 
 # ---------------------------------------------------------------- records and helpers
 
@@ -73,13 +76,49 @@ def test_seccomp_program_assembles_with_resolved_jumps():
 # ---------------------------------------------------------------- subprocess backend
 
 
+ROOT = os.geteuid() == 0
+
+
 @pytest.fixture
 async def sub(caplog):
+    # as root with an interpreter nobody cannot reach (a pyenv under /root), the only way to
+    # test this backend is as root: allowed here, where the code is the tests' own
+    allow_root = ROOT and bool(unreachable_for_nobody(sys.executable))
     with caplog.at_level(logging.WARNING, logger="looprl.sandbox"):
-        ex = SubprocessExecutor(SandboxLimits(timeout=5, memory_mb=256, max_output_bytes=4096))
+        ex = SubprocessExecutor(
+            SandboxLimits(timeout=5, memory_mb=256, max_output_bytes=4096), allow_root=allow_root
+        )
     assert "WEAK sandbox" in caplog.text
     yield ex
     await ex.close()
+
+
+@pytest.mark.skipif(not ROOT, reason="the refusal applies to a root trainer")
+async def test_subprocess_backend_refuses_root_when_it_cannot_drop_privileges(caplog):
+    # an interpreter nobody cannot reach: a wrapper in a directory only root may enter
+    with tempfile.TemporaryDirectory() as private:  # mode 0700 under /tmp
+        python = Path(private) / "python"
+        python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        python.chmod(0o755)
+        assert f"{python} (closed at {private})" in unreachable_for_nobody(str(python))
+        await _refused_then_allowed(str(python), private, caplog)
+
+
+async def _refused_then_allowed(python: str, private: str, caplog) -> None:
+    with pytest.raises(PermissionError) as info:
+        SubprocessExecutor(python=python)
+    text = str(info.value)
+    assert "refuses to run model code as root" in text and f"closed at {private}" in text
+    assert "ForkServerExecutor" in text and "allow_root=True" in text
+    with caplog.at_level(logging.WARNING, logger="looprl.sandbox"):
+        ex = SubprocessExecutor(python=python, allow_root=True)
+    try:
+        assert "runs as ROOT" in caplog.text
+        assert ex.isolation_report().features["uid_drop"].startswith("no: runs as ROOT")
+        r = await ex.execute("import os\nos.geteuid()")
+        assert (r.status, r.value) == ("ok", "0"), r  # what allow_root=True means
+    finally:
+        await ex.close()
 
 
 async def test_subprocess_backend_runs_code_and_reports_failures(sub):
@@ -103,6 +142,9 @@ async def test_subprocess_backend_hides_environment_and_keeps_sessions(sub):
     finally:
         del os.environ["LOOPRL_SUB_SECRET"]
     assert r.ok and "hunter2" not in r.stdout
+    dropped = sub.isolation_report().features["uid_drop"].startswith("nobody")
+    r = await sub.execute("import os\nos.geteuid()")
+    assert r.value == ("65534" if dropped else str(os.geteuid())), r
     assert (await sub.execute("x = 20", session_id="s")).ok
     assert (await sub.execute("x + 1", session_id="s")).value == "21"
     r = await sub.execute("while True: pass", session_id="s", timeout=0.5)

@@ -56,23 +56,46 @@ runner.serve(cfg["limits"], cfg["persistent"], res_fd=fds[0], ctl_fd=fds[1])
 _NOBODY = 65534
 
 
-def _world_readable(path: str) -> bool:
-    """True if every directory up to `path` can be entered by other users."""
+def _closed_directory(path: str) -> str | None:
+    """The first directory on the way to `path` (or `path` itself) that other users cannot
+    enter (no execute bit for others); None if they can reach it."""
     current = ""
     for part in os.path.realpath(path).split("/")[1:]:
         current += "/" + part
         if not os.stat(current).st_mode & stat.S_IXOTH:
-            return False
-    return True
+            return current
+    return None
+
+
+def unreachable_for_nobody(python: str) -> list[str]:
+    """What keeps a child dropped to user nobody from running: "<path> (closed at <dir>)" for
+    each needed path that nobody cannot reach (empty: it can run).
+
+    Needed: the interpreter, this Python's prefixes (the installed libraries) and the looprl
+    package the bootstrap imports. A directory on the way without the others' execute bit (an
+    interpreter under a 0700 `/root`, say) closes the path.
+    """
+    paths = dict.fromkeys(
+        (shutil.which(python) or python, sys.prefix, sys.base_prefix, PACKAGE_ROOT)
+    )
+    closed = {p: _closed_directory(p) for p in paths}
+    return [f"{p} (closed at {d})" for p, d in closed.items() if d is not None]
 
 
 class SubprocessExecutor(Executor):
     """A fresh `python -I` per call (or per session), with rlimits and a timeout. Weak isolation.
 
+    As root, each child drops to user nobody. When it cannot (nobody cannot reach the
+    interpreter, its libraries or looprl, see `unreachable_for_nobody`), the constructor raises
+    PermissionError instead of running model code as root, unless `allow_root=True`.
+
     Args:
         limits: Resource limits per call.
         max_concurrency: Calls that run at once.
         python: Interpreter to run (default: this one).
+        allow_root: Run the code as root when the trainer is root and cannot drop to nobody.
+            Root code can rename the host, kill the trainer and read or write every file: only
+            inside a throwaway container that holds nothing else.
     """
 
     name = "subprocess"
@@ -83,6 +106,7 @@ class SubprocessExecutor(Executor):
         *,
         max_concurrency: int = 8,
         python: str | None = None,
+        allow_root: bool = False,
     ) -> None:
         super().__init__(limits)
         self.python = python or sys.executable
@@ -93,13 +117,27 @@ class SubprocessExecutor(Executor):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots = asyncio.Semaphore(max_concurrency)
         self._sessions: dict[str, tuple[subprocess.Popen[bytes], Child, asyncio.Lock]] = {}
-        self._drop = os.geteuid() == 0 and all(
-            _world_readable(p) for p in (self.python, sys.base_prefix)
-        )
+        root = os.geteuid() == 0
+        blocked = unreachable_for_nobody(self.python) if root else []
+        if blocked and not allow_root:
+            raise PermissionError(
+                "SubprocessExecutor refuses to run model code as root: the trainer is root and "
+                f"cannot drop the code to user nobody ({_NOBODY}), who cannot reach "
+                f"{'; '.join(blocked)} (a directory on the way lacks the others' execute bit, e.g. "
+                "a Python under /root). Root code can rename the host, kill the trainer and read "
+                "every file. Use ForkServerExecutor (a uid of its own per sandbox), or a Python "
+                "and project that nobody can reach (chmod o+x on those directories, or a Python "
+                "under /usr or /opt), or run the trainer as a non-root user; only inside a "
+                "throwaway container, pass allow_root=True."
+            )
+        self._drop = root and not blocked
+        self._as_root = root and not self._drop
         logger.warning(
             "SubprocessExecutor is a WEAK sandbox: no network isolation, no file-access restriction, "
             "no process sweep%s. Use ForkServerExecutor on Linux, or a container/remote sandbox.",
-            "" if self._drop else ", and the code runs as the trainer's own user",
+            ", and the code runs as ROOT (allow_root=True)"
+            if self._as_root
+            else ("" if self._drop else ", and the code runs as the trainer's own user"),
         )
 
     def isolation_report(self) -> IsolationReport:
@@ -108,7 +146,9 @@ class SubprocessExecutor(Executor):
             self.name,
             "weak",
             {
-                "uid_drop": f"nobody ({_NOBODY})" if self._drop else "no",
+                "uid_drop": f"nobody ({_NOBODY})"
+                if self._drop
+                else ("no: runs as ROOT (allow_root=True)" if self._as_root else "no"),
                 "rlimits": "soft = hard: CPU, address space, processes, file size, open files",
                 "network": "NOT isolated",
                 "files": "NOT restricted (cwd is a temporary directory)",
