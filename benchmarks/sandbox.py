@@ -5,6 +5,7 @@
     python -m benchmarks.sandbox --backends forkserver --preload numpy   # numpy only
     python -m benchmarks.sandbox --backends forkserver --lean-preload none  # one template
     python -m benchmarks.sandbox --backends forkserver --breakdown   # CPU by process role
+    python -m benchmarks.sandbox --session-stop --calls 300 --rounds 5   # cost of the session stop
 
 For each backend and each snippet (`print(2+2)`, a small numpy computation and a small
 numpy + sympy one) it reports the median and p90 latency of sequential calls, the calls per
@@ -236,6 +237,41 @@ async def measure(
     }
 
 
+async def session_stop_cost(calls: int, rounds: int, meter: CpuMeter) -> None:
+    """What stopping a session between calls (SIGSTOP after each cell, SIGCONT before the next)
+    costs per call: sequential session calls on a one-worker pool with the stop and without,
+    interleaved round by round so the VM's drift hits both alike."""
+    limits = SandboxLimits(timeout=30)
+    pools = {stop: ForkServerExecutor(limits, workers=1, freeze_sessions=stop) for stop in (True, False)}  # fmt: skip
+    lat: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for ex in pools.values():
+            await ex.start()
+            assert (await ex.execute("x = 0", session_id="bench")).ok
+        for _ in range(rounds):
+            for stop, ex in pools.items():
+                used: list[float] = []
+                with meter.measure(used):
+                    for _ in range(calls):
+                        start = time.perf_counter()
+                        assert (await ex.execute("x += 1", session_id="bench")).ok
+                        lat[stop].append(time.perf_counter() - start)
+                cpu[stop].append(used[0] / calls * 1e3 if used else float("nan"))
+    finally:
+        for ex in pools.values():
+            await ex.close()
+    print(f"\n{calls} session calls (`x += 1`) x {rounds} rounds per mode, one worker")
+    print("| stop between calls | median ms | p90 ms | CPU ms/call (median round) |")
+    print("|---|---|---|---|")
+    for stop in (True, False):
+        p90 = statistics.quantiles(lat[stop], n=10)[-1]
+        print(
+            f"| {'yes' if stop else 'no'} | {statistics.median(lat[stop]) * 1e3:.2f} "
+            f"| {p90 * 1e3:.2f} | {statistics.median(cpu[stop]):.2f} |"
+        )
+
+
 async def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -263,8 +299,19 @@ async def main(argv: list[str] | None = None) -> None:
         default="numpy",
         help="the lean template's modules, for calls that name none of the others ('none': off)",
     )
+    parser.add_argument(
+        "--session-stop",
+        action="store_true",
+        help="only measure what stopping a session between calls costs (with and without)",
+    )
     args = parser.parse_args(argv)
     meter = CpuMeter()
+    if args.session_stop:
+        try:
+            await session_stop_cost(args.calls, args.rounds, meter)
+        finally:
+            meter.close()
+        return
     limits = SandboxLimits(timeout=30)
     rows = []
     load_before = Path("/proc/loadavg").read_text().split()[:3]

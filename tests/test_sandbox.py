@@ -8,6 +8,7 @@ namespaces); cases that need a kernel feature skip with the reason when it is mi
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import secrets
@@ -521,6 +522,68 @@ async def test_session_daemon_is_swept_but_the_session_survives(box):
     r = await box.execute("keep", session_id="daemon")
     assert r.value == "'still here'", r
     await box.close_session("daemon")
+
+
+SPINNER = (
+    "import os, threading\ncount = 0\ndef spin():\n    global count\n    while True:\n"
+    "        count += 1\nthreading.Thread(target=spin, daemon=True).start()\n"
+    "os.getpid(), os.getuid()"
+)
+
+
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of each thread of `pid` (R running, S sleeping, T stopped)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        states.append(stat[stat.rindex(")") + 2])
+    return states
+
+
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU clock ticks used by every thread of `pid` so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def session_host_pid(pid: int, uid: int) -> int:
+    """The host pid of a session interpreter that reported (os.getpid(), os.getuid())."""
+    if uid == os.getuid():  # a non-root worker: no PID namespace, the sandbox shares our uid
+        return pid
+    (host,) = host_pids(with_uid(uid))  # as root: a uid of its own
+    return host
+
+
+async def until(condition, within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_threads_a_session_cell_leaves_running_are_frozen_between_calls(box):
+    r = await box.execute(SPINNER, session_id="spinner")
+    assert r.ok, r
+    host = session_host_pid(*ast.literal_eval(r.value))
+    assert len(thread_states(host)) == 2
+    # the interpreter is stopped before the reply: every thread at once
+    assert await until(lambda: set(thread_states(host)) == {"T"}), thread_states(host)
+    before = cpu_ticks(host)
+    await asyncio.sleep(1.0)
+    assert cpu_ticks(host) == before, "a thread used CPU while no cell ran"
+    # the next cell runs, with the session's state and its thread (which runs again meanwhile)
+    code = (
+        "import time\nc0, end = count, time.monotonic() + 5\n"
+        "while count == c0 and time.monotonic() < end:\n    time.sleep(0.01)\ncount > c0"
+    )
+    r = await box.execute(code, session_id="spinner")
+    assert (r.status, r.value, r.session_reset) == ("ok", "True", False), r
+    assert await until(lambda: set(thread_states(host)) == {"T"}), thread_states(host)
+    await box.close_session("spinner")
+    assert await gone(lambda status: f"\nPid:\t{host}\n" in status)
 
 
 async def test_sessions_are_separate_and_close_session_forgets(box):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,25 @@ async def test_subprocess_backend_hides_environment_and_keeps_sessions(sub):
     r = await sub.execute("while True: pass", session_id="s", timeout=0.5)
     assert r.status == "timeout" and r.session_reset
     assert (await sub.execute("x", session_id="s")).status == "error"
+
+
+async def test_subprocess_backend_stops_a_session_between_calls(sub):
+    spinner = (
+        "import threading\ncount = 0\ndef spin():\n    global count\n    while True:\n"
+        "        count += 1\nthreading.Thread(target=spin, daemon=True).start()"
+    )
+    assert (await sub.execute(spinner, session_id="spin")).ok
+    pid = sub._sessions["spin"][0].pid
+    stat = Path(f"/proc/{pid}/stat")
+    end = time.monotonic() + 5
+    while stat.read_text().split(") ")[1][0] != "T" and time.monotonic() < end:
+        await asyncio.sleep(0.02)
+    ticks = stat.read_text().split(") ")[1].split()[11:13]
+    await asyncio.sleep(1.0)
+    assert stat.read_text().split(") ")[1][0] == "T"  # stopped: no thread of it runs
+    assert stat.read_text().split(") ")[1].split()[11:13] == ticks, "CPU used between calls"
+    r = await sub.execute("count > 0", session_id="spin")
+    assert (r.status, r.value) == ("ok", "True"), r
 
 
 async def test_subprocess_backend_writes_bytes_through_sys_stdout_buffer(sub):

@@ -88,6 +88,10 @@ class ForkServerExecutor(Executor):
         python: Interpreter for the workers (default: this one).
         namespaces: Let workers create mount/network/PID namespaces (off only for debugging).
         warmup: Run common numpy/sympy calls once per worker so children start with warm caches.
+        freeze_sessions: Stop a session's interpreter between calls (SIGSTOP, SIGCONT before the
+            next), so threads a cell left running use no CPU while no cell runs. False lets
+            them run on between calls, spending the session's CPU budget: only to measure the
+            cost of the stop (see docs/sandbox.md).
     """
 
     name = "forkserver"
@@ -104,6 +108,7 @@ class ForkServerExecutor(Executor):
         python: str | None = None,
         namespaces: bool = True,
         warmup: bool = True,
+        freeze_sessions: bool = True,
     ) -> None:
         super().__init__(limits)
         if sys.platform != "linux":
@@ -118,6 +123,7 @@ class ForkServerExecutor(Executor):
         self.python = python or sys.executable
         self.namespaces = namespaces
         self.warmup = warmup
+        self.freeze_sessions = freeze_sessions
         self._uid_base = (1 << 20) + secrets.randbelow(30000) * _UID_SPAN
         self._uid_next = 2 * self.n_workers  # each worker's two stateless uids come first
         self._workers = [
@@ -182,6 +188,7 @@ class ForkServerExecutor(Executor):
             "scratch_root": self._scratch_root,
         }
         config.update(preload=list(self.preload), warmup=self.warmup, namespaces=self.namespaces)
+        config["freeze_sessions"] = self.freeze_sessions
         config["lean_preload"] = None if self.lean_preload is None else list(self.lean_preload)
         await w.start(self.python, config, env)
 

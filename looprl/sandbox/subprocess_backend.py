@@ -82,10 +82,20 @@ def unreachable_for_nobody(python: str) -> list[str]:
     return [f"{p} (closed at {d})" for p, d in closed.items() if d is not None]
 
 
+def _signal_group(pid: int, sig: int) -> None:
+    """Send `sig` to a session's interpreter and its process group (what it forked and kept in
+    the group); processes already gone are ignored."""
+    for send in (os.kill, os.killpg):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send(pid, sig)
+
+
 class SubprocessExecutor(Executor):
     """A fresh `python -I` per call (or per session), with rlimits and a timeout. Weak isolation.
 
-    As root, each child drops to user nobody. When it cannot (nobody cannot reach the
+    A session's interpreter (and its process group) is stopped between calls, so threads or
+    processes a cell left running use no CPU while no cell runs. As root, each child drops to
+    user nobody. When it cannot (nobody cannot reach the
     interpreter, its libraries or looprl, see `unreachable_for_nobody`), the constructor raises
     PermissionError instead of running model code as root, unless `allow_root=True`.
 
@@ -238,9 +248,12 @@ class SubprocessExecutor(Executor):
             startup = 2.0  # the interpreter start-up is not the code's time
         proc, child, lock = self._sessions[session_id]
         async with lock:
+            _signal_group(proc.pid, signal.SIGCONT)
             reply = await loop.run_in_executor(
                 self._threads, supervise, child, code, timeout, self.limits.to_dict(), startup
             )
+            if child.alive:  # nothing of the session runs between calls (threads included)
+                _signal_group(proc.pid, signal.SIGSTOP)
         if not child.alive:
             self._sessions.pop(session_id, None)
             await loop.run_in_executor(self._threads, self._finish, proc, child)

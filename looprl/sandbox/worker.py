@@ -9,7 +9,8 @@ advance, so a call costs a pipe round trip instead of a fork. Each stateless cal
 once; then the worker kills every process of that call's uid, deletes its scratch directory
 (inside the worker's own size-limited tmpfs) and has the template fork the next spare, after
 replying so that the pool does not wait for it. A session is a child that serves many cells,
-with a tmpfs of its own.
+with a tmpfs of its own; between cells it is stopped (SIGSTOP), so no thread of it runs while
+no cell does.
 
 Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "code", "timeout"};
 {"op": "close", "sid"}; {"op": "shutdown"}. Each is answered by one frame.
@@ -78,6 +79,7 @@ class Worker:
         self.last_kind: Kind | None = None
         self.sessions: dict[str, Child] = {}
         self.counter = 0
+        self.freeze_sessions = bool(config.get("freeze_sessions", True))
 
     def start_templates(self, config: dict[str, Any]) -> None:
         """Fork the template(s): the full preload list, and a lean one when `lean_preload` is a
@@ -222,13 +224,22 @@ class Worker:
         return supervise(child, req["code"], float(req["timeout"]), self.limits)
 
     def exec_session(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one cell in the session's interpreter (created on first use)."""
+        """Run one cell in the session's interpreter (created on first use).
+
+        Between cells the interpreter is stopped (SIGSTOP, then SIGCONT before the next cell),
+        so threads a cell started cannot run, and spend the session's CPU budget, while no
+        cell runs; the stop is sent before the reply, so the caller never sees a running one.
+        """
         sid = req["sid"]
         child = self.sessions.get(sid)
         if child is None:
             uid = int(req["uid"]) if self.root else None
             child = self.sessions[sid] = self.spawn_session(uid)
+        else:
+            _signal(child.pid, signal.SIGCONT)
         result = supervise(child, req["code"], float(req["timeout"]), self.limits)
+        if child.alive and self.freeze_sessions:
+            _signal(child.pid, signal.SIGSTOP)
         if not child.alive:
             del self.sessions[sid]
             self.discard(child)
@@ -283,8 +294,13 @@ class Worker:
 
 
 def _kill(pid: int) -> None:
+    _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    """Send `sig` to `pid`; a process that is already gone is ignored."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
 
 
 def _kill_uid(uid: int) -> None:
