@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from safetensors import safe_open
 
 from looprl.trainer import checkpoint as ckpt
 from looprl.trainer.checkpoint import (
+    CheckpointDamaged,
     export_hf,
     latest_checkpoint,
     list_checkpoints,
@@ -267,7 +269,7 @@ def test_latest_ignores_tmp_and_incomplete_dirs(tmp_path: Path) -> None:
     (root / "step_000004").mkdir()
     assert latest_checkpoint(tmp_path) == second
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 2]
-    with pytest.raises(FileNotFoundError, match="COMPLETE"):
+    with pytest.raises(CheckpointDamaged, match="manifest COMPLETE is missing"):
         load_checkpoint(root / "step_000004", model=net)
 
     save_checkpoint(
@@ -397,3 +399,362 @@ def test_clean_stale_tmp_spares_live_writers(tmp_path: Path) -> None:
     removed = ckpt.clean_stale_tmp(tmp_path)
     assert sorted(removed) == sorted([dead, mine])
     assert live.exists() and other.exists()
+
+
+# ---------------------------------------------------------------- damaged checkpoints
+
+
+def save_steps(run_dir: Path, steps: list[int], **kwargs: Any) -> dict[int, Path]:
+    """Checkpoints of a small training run at `steps` (a few training steps between saves)."""
+    net, head, opt, sched, gen = make_training(0)
+    paths = {}
+    for step in steps:
+        train_steps(net, head, opt, sched, gen, 1)
+        paths[step] = save_checkpoint(
+            run_dir, step, model=net, optimizer=opt, scheduler=sched,
+            extra_state={"cursor": 10 * step}, generators={"sampler": gen}, **kwargs,
+        )  # fmt: skip
+    return paths
+
+
+def rewrite_manifest(path: Path, edit: Any) -> None:
+    """Apply `edit` to the parsed manifest of checkpoint `path` and write it back."""
+    manifest = json.loads((path / "COMPLETE").read_text())
+    (path / "COMPLETE").write_text(json.dumps(edit(manifest)))
+
+
+def replace_file(path: Path, name: str, data: bytes) -> None:
+    """Replace a file and record its new size and hash: damage that the hashes cannot see."""
+    import hashlib
+
+    (path / name).write_bytes(data)
+
+    def edit(m: dict[str, Any]) -> dict[str, Any]:
+        m["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return m
+
+    rewrite_manifest(path, edit)
+
+
+def truncate(path: Path, name: str) -> None:
+    data = (path / name).read_bytes()
+    (path / name).write_bytes(data[: len(data) // 2])
+
+
+def flip_byte(path: Path, name: str) -> None:
+    data = bytearray((path / name).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (path / name).write_bytes(bytes(data))
+
+
+def empty(path: Path) -> None:
+    for f in path.iterdir():
+        f.unlink()
+
+
+def drop_files_key(m: dict[str, Any]) -> dict[str, Any]:
+    m["files"].pop("state.json")
+    return m
+
+
+def bad_size(m: dict[str, Any]) -> dict[str, Any]:
+    m["files"]["rng.pt"]["size"] = "big"
+    return m
+
+
+# name -> (how to damage a checkpoint directory, the reason resume must report)
+DAMAGE = {
+    "truncated": (
+        lambda p: truncate(p, "model.safetensors"),
+        r"model\.safetensors has \d+ bytes, manifest says \d+",
+    ),
+    "flipped_byte": (
+        lambda p: flip_byte(p, "optimizer.pt"),
+        r"optimizer\.pt has sha256 [0-9a-f]{12}\.\.\., manifest says [0-9a-f]{12}\.\.\. \(its bytes changed",
+    ),
+    "missing_file": (lambda p: (p / "rng.pt").unlink(), r"rng\.pt is missing"),
+    "missing_manifest": (
+        lambda p: (p / "COMPLETE").unlink(),
+        r"manifest COMPLETE is missing \(the directory holds model\.safetensors, ",
+    ),
+    "unreadable_manifest": (
+        lambda p: (p / "COMPLETE").write_bytes(b"\xff\xfe{"),
+        r"manifest COMPLETE cannot be read \(UnicodeDecodeError",
+    ),
+    "manifest_is_a_directory": (
+        lambda p: ((p / "COMPLETE").unlink(), (p / "COMPLETE").mkdir()),
+        r"manifest COMPLETE cannot be read \(IsADirectoryError",
+    ),
+    "invalid_json_manifest": (
+        lambda p: (p / "COMPLETE").write_text('{"step": 2, "weig'),
+        r"manifest COMPLETE is not valid JSON",
+    ),
+    "manifest_not_an_object": (
+        lambda p: (p / "COMPLETE").write_text("[1, 2]"),
+        r"manifest COMPLETE holds a JSON list, expected an object",
+    ),
+    "manifest_wrong_step": (
+        lambda p: rewrite_manifest(p, lambda m: {**m, "step": 7}),
+        r"manifest COMPLETE says step 7 but the directory is step 2",
+    ),
+    "manifest_lists_no_state": (
+        lambda p: rewrite_manifest(p, drop_files_key),
+        r"manifest COMPLETE does not list state\.json",
+    ),
+    "manifest_bad_entry": (
+        lambda p: rewrite_manifest(p, bad_size),
+        r"manifest COMPLETE entry for rng\.pt: size='big' is not a byte count",
+    ),
+    "safetensors_fails_to_load": (
+        lambda p: replace_file(p, "model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage"),
+        r"model\.safetensors cannot be loaded",
+    ),
+    "torch_file_fails_to_load": (
+        lambda p: replace_file(p, "scheduler.pt", b"not a zip archive"),
+        r"scheduler\.pt cannot be loaded",
+    ),
+    "state_json_fails_to_load": (
+        lambda p: replace_file(p, "state.json", b"[1"),
+        r"state\.json cannot be read \(JSONDecodeError",
+    ),
+    "empty_directory": (empty, r"manifest COMPLETE is missing \(the directory holds nothing\)"),
+}
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under `path` by relative name (to show that nothing was changed)."""
+    return {
+        str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_resume_falls_back_past_a_damaged_checkpoint(tmp_path: Path, kind: str) -> None:
+    damage, reason = DAMAGE[kind]
+    paths = save_steps(tmp_path, [1, 2])
+    damage(paths[2])
+    damaged_bytes = snapshot(paths[2])
+
+    net, head, opt, sched, gen = make_training(5)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(CheckpointDamaged, match=reason) as err:
+        load_checkpoint(
+            paths[2], model=net, optimizer=opt, scheduler=sched, value_head=head,
+            generators={"sampler": gen}, warn=lambda _m: None,
+        )  # fmt: skip
+    assert err.value.path == paths[2] and "step_000002" in str(err.value)
+    for k, v in net.state_dict().items():  # a damaged checkpoint changes nothing
+        assert torch.equal(v, before[k]), k
+
+    warnings: list[str] = []
+    resumed = ckpt.resume_latest(
+        tmp_path, model=net, optimizer=opt, scheduler=sched, generators={"sampler": gen},
+        warn=warnings.append,
+    )  # fmt: skip
+    assert resumed is not None
+    assert resumed.path == paths[1] and resumed.state == {"step": 1, "cursor": 10}
+    [message] = warnings
+    assert re.match(
+        rf"checkpoint step_000002 is damaged: {reason}.*; resuming from step_000001 "
+        r"\(kept as step_000002\.damaged for inspection\)$",
+        message,
+    ), message
+    kept = tmp_path / "checkpoints" / "step_000002.damaged"
+    assert resumed.damaged == [(kept, message.split(" is damaged: ")[1].split("; resuming")[0])]
+    assert snapshot(kept) == damaged_bytes  # moved aside, not changed or deleted
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
+
+
+def test_fallback_resume_continues_bit_exact(tmp_path: Path) -> None:
+    """Checkpoints at steps 3 and 5, the one at 5 damaged: resuming from 3 reproduces steps 4-6."""
+    seed_all(7)
+    net, head, opt, sched, gen = make_training(0)
+    straight = train_steps(net, head, opt, sched, gen, 6)
+    final_weights = {k: v.clone() for k, v in net.state_dict().items()}
+
+    seed_all(7)
+    net, head, opt, sched, gen = make_training(0)
+    kw: dict[str, Any] = {"value_head": head, "generators": {"sampler": gen}, "keep_last": 2}
+    first = train_steps(net, head, opt, sched, gen, 3)
+    save_checkpoint(tmp_path, 3, model=net, optimizer=opt, scheduler=sched, extra_state={}, **kw)
+    train_steps(net, head, opt, sched, gen, 2)
+    five = save_checkpoint(
+        tmp_path, 5, model=net, optimizer=opt, scheduler=sched, extra_state={}, **kw
+    )
+    flip_byte(five, "rng.pt")
+
+    net2, head2, opt2, sched2, gen2 = make_training(123)
+    resumed = ckpt.resume_latest(
+        tmp_path, model=net2, optimizer=opt2, scheduler=sched2, value_head=head2,
+        generators={"sampler": gen2}, warn=lambda _m: None,
+    )  # fmt: skip
+    assert resumed is not None and resumed.state == {"step": 3}
+    kw["generators"] = {"sampler": gen2}
+    resumed_losses = []
+    for step in (4, 5, 6):  # the resumed run saves (and prunes) as it goes
+        resumed_losses += train_steps(net2, head2, opt2, sched2, gen2, 1)
+        save_checkpoint(
+            tmp_path, step, model=net2, optimizer=opt2, scheduler=sched2, extra_state={}, **kw
+        )
+    assert first + resumed_losses == straight  # exact float equality
+    for k, v in net2.state_dict().items():
+        assert torch.equal(v, final_weights[k]), k
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 6]
+    assert (tmp_path / "checkpoints" / "step_000005.damaged" / "rng.pt").is_file()
+    again = ckpt.resume_latest(tmp_path, model=Net(), warn=pytest.fail)  # no warning now
+    assert again is not None and again.path.name == "step_000006"
+
+
+def test_no_intact_checkpoint_is_one_clear_error_and_deletes_nothing(tmp_path: Path) -> None:
+    paths = save_steps(tmp_path, [1, 2, 3])
+    truncate(paths[3], "model.safetensors")
+    (paths[2] / "COMPLETE").write_text("not json")
+    (paths[1] / "optimizer.pt").unlink()
+    leftover = tmp_path / "checkpoints" / f"step_000004.tmp-{dead_pid()}"
+    leftover.mkdir()
+    before = snapshot(tmp_path)
+
+    with pytest.raises(ckpt.NoIntactCheckpoint) as err:
+        ckpt.resume_latest(tmp_path, model=Net(), warn=lambda _m: None)
+    text = str(err.value)
+    assert "none of the 3 checkpoint(s)" in text
+    assert re.search(r"step_000003: model\.safetensors has \d+ bytes, manifest says \d+", text)
+    assert "step_000002: manifest COMPLETE is not valid JSON" in text
+    assert "step_000001: optimizer.pt is missing" in text
+    assert "Nothing was deleted" in text and "without --resume" in text and "--run-dir" in text
+    assert [p for p, _ in err.value.tried] == [paths[3], paths[2], paths[1]]
+    assert snapshot(tmp_path) == before and leftover.is_dir()
+
+
+def test_no_checkpoint_at_all_resumes_nothing(tmp_path: Path) -> None:
+    assert ckpt.resume_latest(tmp_path, model=Net()) is None  # no checkpoints directory
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    assert ckpt.resume_latest(tmp_path, model=Net()) is None  # an empty one
+    (root / f"step_000001.tmp-{dead_pid()}").mkdir()  # only a write that never finished
+    assert ckpt.resume_latest(tmp_path, model=Net()) is None
+
+
+def test_resume_ignores_leftovers_of_an_interrupted_write(tmp_path: Path) -> None:
+    paths = save_steps(tmp_path, [1, 2])
+    root = tmp_path / "checkpoints"
+    # A writer killed before its rename leaves a temp dir (here even a complete-looking one).
+    killed = root / f"step_000003.tmp-{dead_pid()}"
+    killed.mkdir()
+    for f in paths[2].iterdir():
+        (killed / f.name).write_bytes(f.read_bytes())
+    rewrite_manifest(killed, lambda m: {**m, "step": 3})
+    half = root / f"step_000004.tmp-{dead_pid()}"
+    half.mkdir()
+    (half / "model.safetensors").write_bytes(b"partial")
+    warnings: list[str] = []
+    resumed = ckpt.resume_latest(tmp_path, model=Net(), warn=warnings.append)
+    assert resumed is not None and resumed.path == paths[2] and not warnings
+    assert killed.is_dir() and half.is_dir()  # resume deletes nothing; the next save cleans up
+
+
+def test_checkpoint_without_hashes_still_loads_with_a_warning(tmp_path: Path) -> None:
+    """A manifest as the previous version wrote it: step, weights and time, no file list."""
+    paths = save_steps(tmp_path, [1, 2])
+    for p in paths.values():
+        rewrite_manifest(p, lambda m: {"step": m["step"], "weights": "full", "time": m["time"]})
+    warnings: list[str] = []
+    state = load_checkpoint(paths[2], model=Net(), warn=warnings.append)
+    assert state == {"step": 2, "cursor": 20}
+    assert len(warnings) == 1 and "step_000002 has no file hashes" in warnings[0]
+    with pytest.warns(UserWarning, match="no file hashes"):  # the default: a Python warning
+        load_checkpoint(paths[2], model=Net())
+
+    # Without hashes, damage is found by parsing: a truncated file still falls back.
+    truncate(paths[2], "optimizer.pt")
+    net, _, opt, sched, _ = make_training(0)
+    with pytest.raises(CheckpointDamaged, match=r"optimizer\.pt cannot be loaded"):
+        load_checkpoint(paths[2], model=net, optimizer=opt, warn=lambda _m: None)
+    warnings.clear()
+    resumed = ckpt.resume_latest(
+        tmp_path, model=net, optimizer=opt, scheduler=sched, warn=warnings.append
+    )
+    assert resumed is not None and resumed.path == paths[1]
+    assert any(m.startswith("checkpoint step_000002 is damaged: optimizer.pt") for m in warnings)
+
+
+def test_manifest_records_size_and_hash_of_every_file(tmp_path: Path) -> None:
+    import hashlib
+
+    path = save_steps(tmp_path, [1])[1]
+    manifest = json.loads((path / "COMPLETE").read_text())
+    assert manifest["format"] == 2
+    assert sorted(manifest["files"]) == sorted(
+        p.name for p in path.iterdir() if p.name != "COMPLETE"
+    )
+    for name, entry in manifest["files"].items():
+        data = (path / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    ckpt.verify_checkpoint(path)  # an intact checkpoint passes, without loading into anything
+    replace_file(path, "rng.pt", (path / "rng.pt").read_bytes())  # re-recorded: still intact
+    ckpt.verify_checkpoint(path)
+
+
+def test_saving_over_a_damaged_checkpoint_keeps_it(tmp_path: Path) -> None:
+    paths = save_steps(tmp_path, [1, 2])
+    flip_byte(paths[2], "model.safetensors")
+    damaged = snapshot(paths[2])
+    net, _, opt, sched, _ = make_training(0)
+    with pytest.warns(
+        UserWarning, match=r"step_000002 is damaged .*moved it to step_000002\.damaged"
+    ):
+        save_checkpoint(tmp_path, 2, model=net, optimizer=opt, scheduler=sched, extra_state={})
+    assert snapshot(tmp_path / "checkpoints" / "step_000002.damaged") == damaged
+    ckpt.verify_checkpoint(paths[2])  # the new one
+    # An intact checkpoint of the same step is simply replaced (no warning, nothing kept).
+    save_checkpoint(tmp_path, 2, model=net, optimizer=opt, scheduler=sched, extra_state={"v": 1})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_000001",
+        "step_000002",
+        "step_000002.damaged",
+    ]
+
+
+def test_pruning_after_fallback_keeps_intact_checkpoints(tmp_path: Path) -> None:
+    """keep_last=2 with the two newest damaged: resume from step 1; pruning never counts them."""
+    paths = save_steps(tmp_path, [1, 2, 3], keep_last=3)
+    truncate(paths[2], "rng.pt")
+    flip_byte(paths[3], "state.json")
+    net, head, opt, sched, gen = make_training(0)
+    resumed = ckpt.resume_latest(
+        tmp_path, model=net, optimizer=opt, scheduler=sched, generators={"sampler": gen},
+        warn=lambda _m: None,
+    )  # fmt: skip
+    assert resumed is not None and resumed.path == paths[1]
+    save_checkpoint(
+        tmp_path, 2, model=net, optimizer=opt, scheduler=sched, extra_state={}, keep_last=2
+    )
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [1, 2]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step_000001", "step_000002", "step_000002.damaged", "step_000003.damaged"]
+
+
+def test_trainer_resume_warns_or_exits_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `looprl train --resume` call site: warnings on the console, SystemExit without traceback."""
+    from types import SimpleNamespace
+
+    from looprl.trainer.trainer import Trainer
+
+    paths = save_steps(tmp_path, [1, 2])
+    truncate(paths[2], "model.safetensors")
+    net, _, opt, sched, _ = make_training(0)
+    trainer: Any = SimpleNamespace(
+        run_dir=tmp_path, model=net, engine_model=net, optimizer=opt, scheduler=sched,
+        value_head=None, step=0, cursor=0,
+    )  # fmt: skip
+    Trainer._restore(trainer)
+    assert (trainer.step, trainer.cursor) == (1, 10)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: checkpoint step_000002 is damaged: model.safetensors has" in out
+    assert "resuming from step_000001" in out
+
+    (paths[1] / "state.json").unlink()
+    with pytest.raises(SystemExit, match=r"(?s)error: cannot resume.*step_000001: state\.json"):
+        Trainer._restore(trainer)

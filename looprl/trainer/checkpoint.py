@@ -1,4 +1,4 @@
-"""Atomic training checkpoints (weights, optimizer, scheduler, RNG, trainer state) and HF export.
+"""Atomic, verified training checkpoints (weights, optimizer, scheduler, RNG, trainer state) and HF export.
 
 Layout of one checkpoint, `run_dir/checkpoints/step_000120/`:
 
@@ -8,28 +8,40 @@ Layout of one checkpoint, `run_dir/checkpoints/step_000120/`:
 - `optimizer.pt`, `scheduler.pt` (`torch.save` of their state dicts)
 - `rng.pt` (python `random`, numpy, torch CPU, CUDA and any named `torch.Generator` states)
 - `state.json` (the trainer's JSON state: step, task cursor, ...)
-- `COMPLETE` (written last; a directory without it is never loaded)
+- `COMPLETE`, the manifest, written last: step, weights kind, and each file's size and sha256.
+  A directory without it is never loaded.
 
 Everything is written into `step_000120.tmp-<pid>/`, fsynced, then renamed into place, so a
 run killed at any moment (`kill -9` included) leaves either the old set of checkpoints or the
 new one, never a half-written checkpoint that `latest_checkpoint` would pick.
+
+Loading checks the manifest's shape and every file's size and hash before it uses any of them
+(a checkpoint written before hashes existed is checked by parsing its files, with a warning),
+and parses every file it will use before it changes the model, so a damaged checkpoint raises
+`CheckpointDamaged` (naming the file and the fault) and leaves the live objects untouched.
+`resume_latest` goes from the newest checkpoint to older ones until one is intact, and moves
+the damaged newer ones aside (`step_000120.damaged`), never deleting them.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 CHECKPOINTS = "checkpoints"
@@ -37,8 +49,65 @@ COMPLETE = "COMPLETE"
 MODEL_FILE = "model.safetensors"
 ADAPTER_FILE = "adapter.safetensors"
 VALUE_HEAD_FILE = "value_head.safetensors"
+TORCH_FILES = ("optimizer.pt", "scheduler.pt", "rng.pt")
+STATE_FILE = "state.json"
+MANIFEST_FORMAT = 2  # 1 (no "format" key): the manifest held no file list and no hashes
+# sha256 over blake2b: 1.9 GB/s against 1.3 GB/s here (x86 with SHA-NI). Hashing is one read
+# of each file just written (from the page cache): the `tiny` model's 30 MB checkpoint with
+# AdamW state saves in ~53 ms instead of ~39 ms, and verifying it on load takes ~16 ms.
+HASH = "sha256"
+HASHES: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "blake2b": hashlib.blake2b}
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _SCRATCH_DIR = re.compile(r"^(?:step_\d+\.tmp|\..+\.(?:tmp|old))-(\d+)$")
+
+Warn = Callable[[str], None]
+
+
+def _warn(message: str) -> None:
+    """The default `warn`: a Python `UserWarning` (the trainer passes its console instead)."""
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint that failed verification; `path` is its directory, `reason` names the file and fault."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"checkpoint {path} is damaged: {reason}; it was not loaded (nothing was changed). "
+            "Load an older checkpoint, or use resume_latest(run_dir, ...) to find the newest intact one"
+        )
+        self.path = path
+        self.reason = reason
+
+
+class NoIntactCheckpoint(RuntimeError):
+    """No checkpoint of a run passed verification; `tried` holds (directory, reason), newest first."""
+
+    def __init__(self, root: Path, tried: list[tuple[Path, str]]) -> None:
+        lines = "".join(f"\n  {path.name}: {reason}" for path, reason in tried)
+        super().__init__(
+            f"cannot resume: none of the {len(tried)} checkpoint(s) in {root} is intact:{lines}\n"
+            "Nothing was deleted or moved; the damaged checkpoints stay there for inspection. "
+            "To go on, restore an intact checkpoint into that directory, resume another run "
+            "(--run-dir DIR --resume), or start a fresh run without --resume under another name "
+            "(--run.name NAME or --run-dir DIR)."
+        )
+        self.root = root
+        self.tried = tried
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What `resume_latest` loaded.
+
+    path: the checkpoint directory that was loaded (the newest intact one).
+    state: its `state.json` (step, task cursor, ...).
+    damaged: newer checkpoints that failed verification, as (where they were moved, reason).
+    """
+
+    path: Path
+    state: dict[str, Any]
+    damaged: list[tuple[Path, str]]
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -47,7 +116,10 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as (step, path), oldest first; temp dirs are ignored."""
+    """Checkpoints of a run that have a manifest, as (step, path), oldest first; temp dirs are ignored.
+
+    Their files are not verified here: `verify_checkpoint` does that, `resume_latest` uses it.
+    """
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -60,7 +132,7 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step, or None when the run has none."""
+    """The checkpoint with a manifest and the highest step, or None; not verified (see `resume_latest`)."""
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
 
@@ -85,6 +157,8 @@ def save_checkpoint(
     (the model must be a `peft.PeftModel`). `generators` are extra named `torch.Generator`s
     (e.g. an engine's sampler) whose states are saved with the global RNGs. `keep_last` keeps
     that many most recent checkpoints (None keeps all); the one just written is never removed.
+    An existing checkpoint of the same step is replaced, unless it fails verification: then it
+    is moved aside to `step_XXXXXX.damaged` (with a warning) and kept for inspection.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None (keep all), got {keep_last}")
@@ -110,10 +184,18 @@ def save_checkpoint(
         _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
         _torch_save(scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt")
         _torch_save(_rng_state(generators), tmp / "rng.pt")
-        _write_text(tmp / "state.json", state_text)
-        meta = {"step": step, "weights": "adapter" if adapter_only else "full", "time": time.time()}
-        _write_text(tmp / COMPLETE, json.dumps(meta))
+        _write_text(tmp / STATE_FILE, state_text)
+        files = {f.name: _seal(f) for f in sorted(tmp.iterdir())}  # fsync + size + hash
+        meta = {
+            "format": MANIFEST_FORMAT,
+            "step": step,
+            "weights": "adapter" if adapter_only else "full",
+            "time": time.time(),
+            "files": files,
+        }
+        _write_text(tmp / COMPLETE, json.dumps(meta, indent=1))
         fsync_dir(tmp)
+        _keep_if_damaged(final)
         _swap_into_place(tmp, final)
     finally:
         if tmp.exists():
@@ -132,32 +214,97 @@ def load_checkpoint(
     value_head: torch.nn.Module | None = None,
     generators: Mapping[str, torch.Generator] | None = None,
     restore_rng: bool = True,
+    warn: Warn = _warn,
 ) -> dict[str, Any]:
-    """Restore a checkpoint written by `save_checkpoint` in place and return its `state.json`.
+    """Verify a checkpoint written by `save_checkpoint`, restore it in place, return its `state.json`.
 
-    Weights are copied into the existing parameters (optimizers built on them stay valid).
-    An adapter checkpoint needs `model` to be a PEFT model with the same adapter config. Pass
-    the optimizer and scheduler built exactly as in the original run; `generators` must name
-    the same generators that were saved. RNG states are restored unless `restore_rng=False`.
+    Before anything is restored, every file's size and hash are checked against the manifest
+    and every file that will be used is parsed; a damaged checkpoint raises `CheckpointDamaged`
+    (naming the file and the fault) and leaves the model, optimizer, scheduler and RNGs as they
+    were. A checkpoint written without hashes (by an older looprl) is checked by parsing only,
+    and `warn` says so. Weights are copied into the existing parameters (optimizers built on
+    them stay valid). An adapter checkpoint needs `model` to be a PEFT model with the same
+    adapter config. Pass the optimizer and scheduler built exactly as in the original run;
+    `generators` must name the same generators that were saved. RNG states are restored unless
+    `restore_rng=False`.
     """
     path = Path(path)
-    if not (path / COMPLETE).is_file():
+    wanted = (optimizer is not None, scheduler is not None, restore_rng)
+    need = [name for name, want in zip(TORCH_FILES, wanted, strict=True) if want]
+    found = _read_checkpoint(path, need, warn)
+    if value_head is not None and not found.has_head:
         raise FileNotFoundError(
-            f"{path} is not a complete checkpoint (no {COMPLETE} marker); "
-            "use latest_checkpoint(run_dir) to find the newest complete one"
+            f"{path} has no {VALUE_HEAD_FILE}; it was saved without a value head, so resume it "
+            "with an algorithm that has none (or load it with value_head=None)"
         )
-    _load_weights(path, model, value_head)
+    if scheduler is not None and found.torch["scheduler.pt"] is None:
+        raise ValueError(f"{path} was saved without a scheduler; pass scheduler=None")
+    _load_weights(path, found.weights, model, value_head)
     if optimizer is not None:
-        optimizer.load_state_dict(_torch_load(path / "optimizer.pt"))
+        try:
+            optimizer.load_state_dict(found.torch["optimizer.pt"])
+        except (ValueError, KeyError) as e:
+            raise ValueError(
+                f"{path / 'optimizer.pt'} does not fit the optimizer ({_brief(e)}); "
+                "build the optimizer over the same parameters as the saved run"
+            ) from e
     if scheduler is not None:
-        sched_state = _torch_load(path / "scheduler.pt")
-        if sched_state is None:
-            raise ValueError(f"{path} was saved without a scheduler; pass scheduler=None")
-        scheduler.load_state_dict(sched_state)
+        scheduler.load_state_dict(found.torch["scheduler.pt"])
     if restore_rng:
-        _set_rng_state(_torch_load(path / "rng.pt"), generators)
-    state: dict[str, Any] = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    return state
+        _set_rng_state(found.torch["rng.pt"], generators)
+    return found.state
+
+
+def verify_checkpoint(path: str | Path, *, warn: Warn = _warn) -> None:
+    """Check a checkpoint without loading it into anything; raise `CheckpointDamaged` if it is damaged.
+
+    The same checks as `load_checkpoint`: the manifest's shape, each file's size and hash, and
+    that every file parses (the torch files are read in full, so this costs a load's memory).
+    """
+    _read_checkpoint(Path(path), TORCH_FILES, warn)
+
+
+def resume_latest(
+    run_dir: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    value_head: torch.nn.Module | None = None,
+    generators: Mapping[str, torch.Generator] | None = None,
+    warn: Warn = _warn,
+) -> Resumed | None:
+    """Load the newest intact checkpoint of `run_dir` (see `load_checkpoint`); None when it has none.
+
+    Checkpoints are tried newest first. Each damaged one that is newer than the one loaded is
+    moved aside to `step_XXXXXX.damaged` (kept for inspection, and out of the way of the
+    resumed run's saves and of pruning), and `warn` names it, the broken file and why. Temp
+    directories of interrupted writes are never candidates. When every checkpoint is damaged,
+    `NoIntactCheckpoint` lists each with its reason, and nothing is moved or deleted.
+    """
+    tried: list[tuple[Path, str]] = []
+    for path in _step_dirs(run_dir):
+        try:
+            state = load_checkpoint(
+                path, model=model, optimizer=optimizer, scheduler=scheduler,
+                value_head=value_head, generators=generators, warn=warn,
+            )  # fmt: skip
+        except CheckpointDamaged as e:
+            tried.append((path, e.reason))
+            continue
+        damaged = []
+        for bad, reason in tried:
+            try:
+                kept = _set_aside(bad)
+                where = f"kept as {kept.name} for inspection"
+            except OSError as e:
+                kept, where = bad, f"could not move it aside ({e.strerror}), so it stays in place"
+            warn(f"checkpoint {bad.name} is damaged: {reason}; resuming from {path.name} ({where})")
+            damaged.append((kept, reason))
+        return Resumed(path=path, state=state, damaged=damaged)
+    if tried:
+        raise NoIntactCheckpoint(Path(run_dir) / CHECKPOINTS, tried)
+    return None
 
 
 def export_hf(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path) -> Path:
@@ -255,18 +402,17 @@ def _save_weights(
         adapter = get_peft_model_state_dict(model, save_embedding_layers=False)
         tensors = {k: v.detach().clone().contiguous() for k, v in adapter.items()}
         save_file(tensors, str(tmp / ADAPTER_FILE), metadata={"format": "pt"})
-        _fsync_file(tmp / ADAPTER_FILE)
     else:
         # save_model stores tied tensors (embed_tokens / lm_head) once; load_model re-ties them.
         save_model(model, str(tmp / MODEL_FILE), metadata={"format": "pt"})
-        _fsync_file(tmp / MODEL_FILE)
     if value_head is not None:
         save_model(value_head, str(tmp / VALUE_HEAD_FILE), metadata={"format": "pt"})
-        _fsync_file(tmp / VALUE_HEAD_FILE)
 
 
-def _load_weights(path: Path, model: torch.nn.Module, value_head: torch.nn.Module | None) -> None:
-    if (path / ADAPTER_FILE).is_file():
+def _load_weights(
+    path: Path, weights: str, model: torch.nn.Module, value_head: torch.nn.Module | None
+) -> None:
+    if weights == ADAPTER_FILE:
         if not _is_peft(model):
             raise ValueError(
                 f"{path} holds adapter weights only; build the same PEFT model "
@@ -280,17 +426,20 @@ def _load_weights(path: Path, model: torch.nn.Module, value_head: torch.nn.Modul
                 f"adapter in {path} does not fit the model (unexpected keys: "
                 f"{sorted(result.unexpected_keys)[:5]}); use the LoRA config of the saved run"
             )
-    elif (path / MODEL_FILE).is_file():
-        load_model(model, str(path / MODEL_FILE), strict=True)
     else:
-        raise FileNotFoundError(f"{path} holds neither {MODEL_FILE} nor {ADAPTER_FILE}")
-    has_head = (path / VALUE_HEAD_FILE).is_file()
-    if value_head is not None and not has_head:
-        raise FileNotFoundError(
-            f"{path} has no {VALUE_HEAD_FILE}; was it saved without value_head?"
-        )
+        _load_module(model, path / MODEL_FILE)
     if value_head is not None:
-        load_model(value_head, str(path / VALUE_HEAD_FILE), strict=True)
+        _load_module(value_head, path / VALUE_HEAD_FILE)
+
+
+def _load_module(module: torch.nn.Module, file: Path) -> None:
+    try:
+        load_model(module, str(file), strict=True)
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"{file} does not fit {type(module).__name__} ({_brief(e)}); "
+            "build the model with the configuration of the saved run"
+        ) from e
 
 
 def _rng_state(generators: Mapping[str, torch.Generator] | None) -> dict[str, Any]:
@@ -362,6 +511,212 @@ def _prune(run_dir: str | Path, keep_last: int, keep: Path) -> None:
     for _, p in found[:-keep_last]:
         if p != keep:
             shutil.rmtree(p, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A verified checkpoint, parsed: which weights file, whether a value head, state, torch files."""
+
+    weights: str
+    has_head: bool
+    state: dict[str, Any]
+    torch: dict[str, Any]
+
+
+def _read_checkpoint(path: Path, need: tuple[str, ...] | list[str], warn: Warn) -> _Found:
+    """Check the manifest and every file's size and hash, then parse what a load will use."""
+    manifest = _read_manifest(path)
+    files: dict[str, Any] | None = manifest.get("files")
+    if files is None:
+        warn(
+            f"checkpoint {path.name} has no file hashes (written by an older looprl), so its files "
+            "are checked only by parsing them; checkpoints saved from now on carry hashes"
+        )
+        has_head = (path / VALUE_HEAD_FILE).is_file()
+    else:
+        for name, entry in files.items():
+            problem = _file_problem(path / name, entry)
+            if problem:
+                raise CheckpointDamaged(path, problem)
+        has_head = VALUE_HEAD_FILE in files
+    weights = ADAPTER_FILE if manifest["weights"] == "adapter" else MODEL_FILE
+    for name in (weights, VALUE_HEAD_FILE) if has_head else (weights,):
+        _check_safetensors(path, name)
+    state = _read_state(path)
+    return _Found(weights, has_head, state, {name: _read_torch(path, name) for name in need})
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise CheckpointDamaged(path, "it is not a directory")
+    try:
+        text = (path / COMPLETE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        held = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
+        raise CheckpointDamaged(
+            path, f"manifest {COMPLETE} is missing (the directory holds {held})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointDamaged(path, f"manifest {COMPLETE} cannot be read ({_brief(e)})") from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointDamaged(path, f"manifest {COMPLETE} is not valid JSON ({e})") from None
+    m = _STEP_DIR.match(path.name)
+    problem = _manifest_problem(manifest, int(m.group(1)) if m else None)
+    if problem:
+        raise CheckpointDamaged(path, f"manifest {COMPLETE} {problem}")
+    return dict(manifest)
+
+
+def _manifest_problem(manifest: Any, dir_step: int | None) -> str | None:
+    """What is wrong with a parsed manifest's shape, or None (a format-1 manifest has no files)."""
+    if not isinstance(manifest, dict):
+        return f"holds a JSON {type(manifest).__name__}, expected an object"
+    step = manifest.get("step")
+    if type(step) is not int:
+        return f"has step={step!r}, expected an integer"
+    if dir_step is not None and step != dir_step:
+        return f"says step {step} but the directory is step {dir_step}"
+    if manifest.get("weights") not in ("full", "adapter"):
+        return f"has weights={manifest.get('weights')!r}, expected 'full' or 'adapter'"
+    if "files" not in manifest and "format" not in manifest:
+        return None  # format 1, from before hashes
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"has files={files!r}, expected an object of file name -> {{size, {HASH}}}"
+    for name, entry in files.items():
+        if name in ("", ".", "..", COMPLETE) or "/" in name or "\\" in name:
+            return f"lists {name!r}, which is not a file of the checkpoint"
+        problem = _entry_problem(entry)
+        if problem:
+            return f"entry for {name}: {problem}"
+    weights = ADAPTER_FILE if manifest["weights"] == "adapter" else MODEL_FILE
+    missing = [n for n in (weights, *TORCH_FILES, STATE_FILE) if n not in files]
+    return f"does not list {', '.join(missing)}" if missing else None
+
+
+def _entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"{entry!r} is not an object with size and {HASH}"
+    size = entry.get("size")
+    if type(size) is not int or size < 0:
+        return f"size={size!r} is not a byte count"
+    algos = [k for k in entry if k in HASHES]
+    if len(algos) != 1:
+        return f"needs exactly one hash of {sorted(HASHES)}, has {sorted(k for k in entry if k != 'size')}"
+    digest, length = entry[algos[0]], HASHES[algos[0]]().digest_size * 2
+    if not isinstance(digest, str) or not re.fullmatch(f"[0-9a-f]{{{length}}}", digest):
+        return f"{algos[0]}={digest!r} is not a {length}-digit hex digest"
+    return None
+
+
+def _file_problem(file: Path, entry: dict[str, Any]) -> str | None:
+    """Why `file` is not the one the manifest entry describes, or None when size and hash agree."""
+    try:
+        if not file.is_file():
+            return f"{file.name} is missing" if not file.exists() else f"{file.name} is not a file"
+        size = file.stat().st_size
+        if size != entry["size"]:
+            return f"{file.name} has {size} bytes, manifest says {entry['size']}"
+        algo = next(k for k in entry if k in HASHES)
+        with open(file, "rb") as f:
+            digest = hashlib.file_digest(f, HASHES[algo]).hexdigest()
+    except OSError as e:
+        return f"{file.name} cannot be read ({_brief(e)})"
+    if digest != entry[algo]:
+        return (
+            f"{file.name} has {algo} {digest[:12]}..., manifest says {entry[algo][:12]}... "
+            "(its bytes changed after it was written)"
+        )
+    return None
+
+
+def _check_safetensors(path: Path, name: str) -> None:
+    """Parse the header of a safetensors file (it also checks the data fits the file's size)."""
+    if not (path / name).is_file():
+        raise CheckpointDamaged(path, f"{name} is missing")
+    try:
+        with safe_open(str(path / name), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # safetensors raises its own SafetensorError as well as OSError
+        raise CheckpointDamaged(path, f"{name} cannot be loaded ({_brief(e)})") from None
+
+
+def _read_torch(path: Path, name: str) -> Any:
+    if not (path / name).is_file():
+        raise CheckpointDamaged(path, f"{name} is missing")
+    try:
+        return _torch_load(path / name)
+    except Exception as e:  # torch.load raises RuntimeError, EOFError, UnpicklingError, ...
+        raise CheckpointDamaged(path, f"{name} cannot be loaded ({_brief(e)})") from None
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointDamaged(path, f"{STATE_FILE} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointDamaged(path, f"{STATE_FILE} cannot be read ({_brief(e)})") from None
+    if not isinstance(state, dict):
+        raise CheckpointDamaged(
+            path, f"{STATE_FILE} holds a JSON {type(state).__name__}, expected an object"
+        )
+    return state
+
+
+def _brief(e: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    text = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _seal(path: Path) -> dict[str, Any]:
+    """fsync a written file and return its manifest entry (size and hash, from one read)."""
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, HASHES[HASH]).hexdigest()
+        size = f.tell()
+        os.fsync(f.fileno())
+    return {"size": size, HASH: digest}
+
+
+def _step_dirs(run_dir: str | Path) -> list[Path]:
+    """Every `step_XXXXXX` directory of a run, manifest or not, newest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = []
+    for p in root.iterdir() if root.is_dir() else []:
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to `<name>.damaged` (or `.damaged-2`, ...) and return the new path."""
+    n = 1
+    aside = path.with_name(f"{path.name}.damaged")
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{n}")
+    os.rename(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def _keep_if_damaged(final: Path) -> None:
+    """Before a save replaces `final`: move it aside instead when it does not verify."""
+    if not final.exists():
+        return
+    try:
+        _read_checkpoint(final, TORCH_FILES, warn=lambda _message: None)
+    except CheckpointDamaged as e:
+        aside = _set_aside(final)
+        _warn(
+            f"checkpoint {final.name} is damaged ({e.reason}); moved it to {aside.name} for "
+            "inspection instead of overwriting it"
+        )
 
 
 def _torch_save(obj: Any, path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
-from looprl.evaluation import ResultsWriter, summarize, write_metadata
+from looprl.evaluation import ResultsWriter, error_headline, summarize, write_metadata
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.trainer import setup as S
@@ -108,23 +108,29 @@ class Trainer:
         }
 
     def _restore(self) -> None:
-        from looprl.trainer.checkpoint import latest_checkpoint, load_checkpoint
+        from rich.markup import escape
 
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
+        from looprl.trainer.checkpoint import NoIntactCheckpoint, resume_latest
+
+        try:  # the newest intact checkpoint; damaged newer ones are named and set aside
+            resumed = resume_latest(
+                self.run_dir,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                value_head=self.value_head,
+                warn=lambda msg: console.print(f"[yellow]warning:[/yellow] {escape(msg)}"),
+            )
+        except NoIntactCheckpoint as exc:
+            raise SystemExit(f"error: {exc}") from None  # a message for the user, no traceback
+        if resumed is None:
             console.print(f"[yellow]no checkpoint in {self.run_dir}; starting from step 0[/yellow]")
             return
-        state = load_checkpoint(
-            ckpt,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            value_head=self.value_head,
-        )
+        state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         if self.engine_model is not self.model:
             self.engine.sync_weights(S.merged_state_dict(self.model))
-        console.print(f"resumed from {ckpt} (step {self.step})")
+        console.print(f"resumed from {resumed.path} (step {self.step})")
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, float]:
@@ -256,11 +262,15 @@ class Trainer:
             "tool_calls": summary["tool_calls_mean"],
             "truncated_frac": summary["truncated"] / max(1, len(episodes)),
             "rollout_errors": float(summary["rollout_errors"]),
+            "infra_errors": float(summary["infra_errors"]),
             "scoring_errors": float(summary["scoring_errors"]),
             "tokens_per_s": summary.get("tokens_per_second", 0.0),
             "gen_tokens": float(summary["generated_tokens"]),
             "time/score": sum(ep.timings.get("score", 0.0) for ep in episodes),
         }
+        headline, most_failed = error_headline(summary)
+        if most_failed:  # the update learns from the few survivors: say so at once
+            console.print(f"[bold red]this batch: {headline}[/]", highlight=False)
         out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
         for env_name, row in summary.get(
             "per_env", {}
