@@ -56,7 +56,7 @@ class ToolThreads:
             return len(self._abandoned)
 
     def submit(
-        self, fn: Callable[[], Any], on_start: Callable[[], None] | None = None
+        self, fn: Callable[[], Any], on_start: Callable[[], object] | None = None
     ) -> Future[Any]:
         """Queue `fn()` for a thread; the future holds its result or exception."""
         future: Future[Any] = Future()
@@ -133,7 +133,7 @@ class _Job:
     __slots__ = ("fn", "future", "on_start")
 
     def __init__(
-        self, fn: Callable[[], Any], future: Future[Any], on_start: Callable[[], None] | None
+        self, fn: Callable[[], Any], future: Future[Any], on_start: Callable[[], object] | None
     ) -> None:
         self.fn = fn
         self.future = future
