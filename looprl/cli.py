@@ -188,18 +188,28 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
         "status": "running",
     }
     write_metadata(out / "metadata.json", metadata)
-    episodes, seconds = asyncio.run(
-        _run_with_progress(
-            env,
-            policy.engine,
-            tasks,
-            args,
-            renderer,
-            RolloutConfig(sampling=sampling, seed=args.seed),
-            results_path,
-            done,
+    try:
+        episodes, seconds = asyncio.run(
+            _run_with_progress(
+                env,
+                policy.engine,
+                tasks,
+                args,
+                renderer,
+                RolloutConfig(sampling=sampling, seed=args.seed),
+                results_path,
+                done,
+            )
         )
-    )
+    except BaseException as exc:  # Ctrl-C or a bug: say so in the metadata, keep the results
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        metadata.update(
+            status="interrupted" if interrupted else "crashed",
+            error=f"{type(exc).__name__}: {exc}",
+            resume_hint="finished groups are kept in results.jsonl; rerun with --resume",
+        )
+        write_metadata(out / "metadata.json", metadata)
+        raise
     summary = summarize(
         episodes,
         rollouts_per_task=args.rollouts,

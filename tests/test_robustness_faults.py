@@ -202,3 +202,30 @@ async def test_prompt_without_room_to_generate_is_not_scored(tiny_tokenizer) -> 
     assert "leaving no room to generate within max_context_tokens=8" in ep.errors[0]["message"]
     summary = summarize([ep], rollouts_per_task=1)
     assert summary["scored_episodes"] == 0 and summary["rollout_errors"] == 1
+
+
+def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
+    import looprl.evaluation
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("bug in the loop")
+
+    monkeypatch.setattr(looprl.evaluation, "evaluate", broken)
+    out = tmp_path / "crash"
+    try:
+        main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])
+    except RuntimeError:
+        pass
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "crashed" and meta["error"] == "RuntimeError: bug in the loop"
+    assert "--resume" in meta["resume_hint"]
+
+
+def test_server_tool_calls_get_the_strict_json_rules() -> None:
+    from looprl.engines.openai_engine import _parse_tool_call
+
+    for args in ('{"expression": NaN}', '{"expression": "\\ud800"}', '{"x": 1e999}'):
+        c = _parse_tool_call({"function": {"name": "calculate", "arguments": args}}, 0)
+        assert c.arguments == {} and c.raw == args  # not passed on to the tool; kept verbatim
+    ok = _parse_tool_call({"function": {"name": "calculate", "arguments": '{"x": "1"}'}}, 0)
+    assert ok.arguments == {"x": "1"}

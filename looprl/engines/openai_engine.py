@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from looprl.engines.base import GenerationRequest
+from looprl.rendering.parser import strict_loads
 from looprl.types import FinishReason, Generation, Message, ToolCall
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -361,9 +362,9 @@ def _parse_tool_call(c: Any, index: int) -> ToolCall:
     text = args if isinstance(args, str) else json.dumps(args)
     if isinstance(args, str) and not args.strip():
         return ToolCall(name=name, arguments={}, id=call_id)
-    try:
-        parsed = json.loads(text)
-    except ValueError:
+    try:  # the same strict rules as tool calls parsed from text (no NaN, valid Unicode)
+        parsed = strict_loads(text)
+    except (ValueError, RecursionError):
         parsed = None
     if isinstance(parsed, dict):
         return ToolCall(name=name, arguments=parsed, id=call_id)

@@ -193,7 +193,7 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
             f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it",
         )
     try:
-        obj = _strict_loads(body)
+        obj = strict_loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, NaN, digit limit, nesting
         return error(
             INVALID_JSON,
@@ -222,7 +222,7 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
     args: Any = obj.get(key, {})
     if isinstance(args, str):
         try:
-            args = _strict_loads(args) if args.strip() else {}
+            args = strict_loads(args) if args.strip() else {}
         except (ValueError, RecursionError) as exc:
             return error(
                 BAD_ARGUMENTS,
@@ -238,8 +238,8 @@ def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
 
 
-def _strict_loads(text: str) -> Any:
-    """Parse JSON that a tool may safely receive and a results file may safely hold.
+def strict_loads(text: str) -> Any:
+    """Parse tool-call JSON that a tool may safely receive and a results file may safely hold.
 
     Raises ValueError (with a message for the model) for NaN/Infinity, numbers that overflow a
     float, lone surrogates, too-deep nesting and integers past the digit limit; RecursionError
