@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from looprl.cli import main
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.base import Limits
@@ -212,10 +214,8 @@ def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(looprl.evaluation, "evaluate", broken)
     out = tmp_path / "crash"
-    try:
+    with pytest.raises(RuntimeError, match="bug in the loop"):
         main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])
-    except RuntimeError:
-        pass
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "crashed" and meta["error"] == "RuntimeError: bug in the loop"
     assert "--resume" in meta["resume_hint"]
