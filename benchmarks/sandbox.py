@@ -6,6 +6,7 @@
     python -m benchmarks.sandbox --backends forkserver --lean-preload none  # one template
     python -m benchmarks.sandbox --backends forkserver --breakdown   # CPU by process role
     python -m benchmarks.sandbox --session-stop --calls 300 --rounds 5   # cost of the session stop
+    python -m benchmarks.sandbox --fairness --rounds 3   # a quick call behind 8 long ones
 
 For each backend and each snippet (`print(2+2)`, a small numpy computation and a small
 numpy + sympy one) it reports the median and p90 latency of sequential calls, the calls per
@@ -272,6 +273,44 @@ async def session_stop_cost(calls: int, rounds: int, meter: CpuMeter) -> None:
         )
 
 
+async def quick_behind_backlog(ex: Executor, backlog: int, seconds: float, *, fair: bool) -> float:
+    """Seconds from submitting a quick call, right after `backlog` calls of `seconds` each from
+    one caller, to its result. `fair`: the quick call is another caller's; otherwise the same
+    caller's, which queues it behind the backlog (what the first-come-first-served pool did to
+    every call)."""
+    long = f"import time\ntime.sleep({seconds})"
+    tasks = [asyncio.create_task(ex.execute(long, caller="flood")) for _ in range(backlog)]
+    await asyncio.sleep(0)  # the backlog's tasks run up to their wait for a worker: queued first
+    start = time.perf_counter()
+    assert (await ex.execute("print(2+2)", caller="other" if fair else "flood")).ok
+    latency = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    return latency
+
+
+async def fairness(workers: int, backlog: int, seconds: float, rounds: int) -> None:
+    """Latency of a quick call queued behind a backlog of long calls, first come first served
+    (the backlog's own caller) and fair (another caller), interleaved round by round."""
+    ex = ForkServerExecutor(SandboxLimits(timeout=30), workers=workers)
+    await ex.start()
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for _ in range(rounds):
+            for fair in (False, True):
+                runs[fair].append(await quick_behind_backlog(ex, backlog, seconds, fair=fair))
+    finally:
+        await ex.close()
+    whole = backlog * seconds / workers
+    print(f"\n{workers} workers; a quick call after {backlog} calls of {seconds:g} s (the backlog")
+    print(f"alone keeps the pool busy {whole:g} s); seconds from submitting it to its result")
+    print("| queueing | median s | every round |")
+    print("|---|---|---|")
+    for fair in (False, True):
+        name = "fair (another caller)" if fair else "first come, first served"
+        rounds_s = " / ".join(f"{x:.2f}" for x in runs[fair])
+        print(f"| {name} | {statistics.median(runs[fair]):.2f} | {rounds_s} |")
+
+
 async def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -304,7 +343,15 @@ async def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only measure what stopping a session between calls costs (with and without)",
     )
+    parser.add_argument(
+        "--fairness",
+        action="store_true",
+        help="only measure a quick call's latency behind a backlog of long calls",
+    )
     args = parser.parse_args(argv)
+    if args.fairness:
+        await fairness(args.workers or 2, backlog=8, seconds=0.5, rounds=args.rounds)
+        return
     meter = CpuMeter()
     if args.session_stop:
         try:

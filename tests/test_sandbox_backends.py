@@ -26,6 +26,7 @@ from looprl.sandbox import (
     make_executor,
     proto,
 )
+from looprl.sandbox.fair import FairQueue
 from looprl.sandbox.seccomp import _assemble, build_filter, denied_syscalls
 from looprl.sandbox.subprocess_backend import unreachable_for_nobody
 
@@ -73,6 +74,54 @@ def test_seccomp_program_assembles_with_resolved_jumps():
     assert {"execve", "ptrace", "unshare", "bpf", "io_uring_setup"} <= set(
         denied_syscalls("x86_64")
     )
+
+
+# ---------------------------------------------------------------- fair queueing of a pool's slots
+
+
+async def test_fair_queue_serves_callers_in_turn_not_in_arrival_order():
+    q = FairQueue(1)
+    order: list[str] = []
+
+    async def call(name: str, caller: str, slot: int | None = None) -> None:
+        got = await q.acquire(caller, slot)
+        order.append(name)
+        await asyncio.sleep(0)  # hold the slot for a moment, as a call would
+        q.release(got, caller)
+
+    # a: a backlog of three; b and c: one call each, submitted after a's backlog
+    names = [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b"), ("c1", "c")]
+    await asyncio.gather(*(call(n, c) for n, c in names))
+    assert order == ["a1", "b1", "c1", "a2", "a3"], order  # round robin, then a's own order
+    assert q.waiting == 0 and not any(q.busy)
+
+
+async def test_fair_queue_gives_a_slot_to_the_caller_with_fewest_running_calls():
+    q = FairQueue(2)
+    first = [await q.acquire("a"), await q.acquire("a")]  # a holds both slots
+    waiting = [asyncio.create_task(q.acquire(c)) for c in ("a", "a", "b")]
+    await asyncio.sleep(0)
+    q.release(first[0], "a")
+    await asyncio.sleep(0)
+    assert [t.done() for t in waiting] == [False, False, True]  # b: none running, a: one
+    with pytest.raises(ValueError, match="out of range"):
+        await q.acquire("a", slot=2)
+
+
+async def test_fair_queue_pinned_and_cancelled_waiters():
+    q = FairQueue(2)
+    held = await q.acquire("x", slot=0)
+    pinned = asyncio.create_task(q.acquire("s", slot=0))  # a session: only slot 0 will do
+    cancelled = asyncio.create_task(q.acquire("y", slot=0))
+    await asyncio.sleep(0)
+    assert not pinned.done() and await q.acquire("z") == 1  # the other slot is free
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    q.release(held, "x")
+    assert await pinned == 0 and q.waiting == 0
+    with pytest.raises(ValueError, match="at least one slot"):
+        FairQueue(0)
 
 
 # ---------------------------------------------------------------- subprocess backend
@@ -180,6 +229,35 @@ async def test_subprocess_backend_writes_bytes_through_sys_stdout_buffer(sub):
         assert (r.status, r.stdout, r.stderr) == ("ok", "a\nb\n", "e"), r
 
 
+async def completion_order(ex, calls: list[tuple[str, str, str]]) -> list[str]:
+    """Submit `(name, code, caller)` calls all at once; their names in the order they end."""
+    done: list[str] = []
+
+    async def one(name: str, code: str, caller: str) -> None:
+        r = await ex.execute(code, caller=caller)
+        assert r.ok, (name, r)
+        done.append(name)
+
+    await asyncio.gather(*(asyncio.create_task(one(*c)) for c in calls))
+    return done
+
+
+BACKLOG = [(f"long{i}", "import time\ntime.sleep(0.3)", "flood") for i in range(3)]
+QUICK = ("quick", "print(1)", "other")
+
+
+async def test_subprocess_backend_serves_a_quick_call_before_another_callers_backlog():
+    ex = SubprocessExecutor(
+        SandboxLimits(timeout=5),
+        max_concurrency=1,
+        allow_root=ROOT and bool(unreachable_for_nobody(sys.executable)),
+    )
+    try:
+        assert await completion_order(ex, [*BACKLOG, QUICK]) == ["long0", "quick", "long1", "long2"]
+    finally:
+        await ex.close()
+
+
 # ---------------------------------------------------------------- HTTP backend against a fake SandboxFusion
 
 
@@ -283,6 +361,14 @@ async def test_http_backend_emulates_sessions_by_replay(fake_server):
         assert (await ex.execute(code, session_id="f")).stdout == "raw\n"
         r = await ex.execute("print(c * 2)", session_id="f")
         assert (r.status, r.stdout) == ("ok", "6\n"), r
+    finally:
+        await ex.close()
+
+
+async def test_http_backend_serves_a_quick_call_before_another_callers_backlog(fake_server):
+    ex = HttpExecutor(fake_server, max_connections=1)
+    try:
+        assert await completion_order(ex, [*BACKLOG, QUICK]) == ["long0", "quick", "long1", "long2"]
     finally:
         await ex.close()
 

@@ -230,3 +230,39 @@ async def test_a_lean_call_cannot_reach_the_full_templates_spare():
         assert r.ok and r.stdout == "['full', 'call'] []\n", r
     finally:
         await ex.close()
+
+
+async def completion_order(ex, calls: list[tuple[str, str, dict]]) -> list[str]:
+    """Submit `(name, code, kwargs)` calls all at once (in list order); their names as they end."""
+    done: list[str] = []
+
+    async def one(name: str, code: str, kwargs: dict) -> None:
+        r = await ex.execute(code, **kwargs)
+        assert r.ok, (name, r)
+        done.append(name)
+
+    await asyncio.gather(*(asyncio.create_task(one(*c)) for c in calls))
+    return done
+
+
+LONG = "import time\ntime.sleep(0.5)"
+
+
+async def test_a_quick_call_does_not_wait_for_another_callers_backlog():
+    """One worker, a backlog of four long calls from one episode, then a quick call of another:
+    the quick call takes the worker as soon as the first long call ends (FIFO would put it
+    last). Orderings, not times: with one worker the order is fixed whatever the load."""
+    ex = small_pool()
+    try:
+        backlog = [(f"long{i}", LONG, {"caller": "flood"}) for i in range(4)]
+        order = await completion_order(ex, [*backlog, ("quick", "print(1)", {"caller": "q"})])
+        assert order == ["long0", "quick", "long1", "long2", "long3"], order
+        # one caller's own calls keep their order (here: first come, first served)
+        order = await completion_order(ex, [*backlog, ("quick", "print(1)", {"caller": "flood"})])
+        assert order == ["long0", "long1", "long2", "long3", "quick"], order
+        # a session's call is its episode's: it too overtakes another episode's backlog
+        assert (await ex.execute("x = 1", session_id="ep")).ok
+        order = await completion_order(ex, [*backlog, ("session", "x", {"session_id": "ep"})])
+        assert order == ["long0", "session", "long1", "long2", "long3"], order
+    finally:
+        await ex.close()

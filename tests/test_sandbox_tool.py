@@ -21,10 +21,10 @@ class _ScriptedExecutor(Executor):
     def __init__(self, result: ExecResult) -> None:
         super().__init__()
         self.result = result
-        self.calls: list[tuple[str, str | None, float | None]] = []
+        self.calls: list[tuple[str, str | None, float | None, str | None]] = []
 
-    async def execute(self, code, *, session_id=None, timeout=None):
-        self.calls.append((code, session_id, timeout))
+    async def execute(self, code, *, session_id=None, timeout=None, caller=None):
+        self.calls.append((code, session_id, timeout, caller))
         return self.result
 
     def isolation_report(self) -> IsolationReport:
@@ -39,7 +39,7 @@ def test_schemas_show_code_only_and_hide_the_session():
         assert list(params["properties"]) == ["code"] and params["required"] == ["code"]
         assert "Python source" in params["properties"]["code"]["description"]
     assert make_tool(python_session).hidden == {"session_id": SESSION_KEY}
-    assert make_tool(python).hidden == {}
+    assert make_tool(python).hidden == {"caller": SESSION_KEY}  # optional: for fair queueing
 
 
 async def test_session_tool_gets_its_id_from_the_episode_state():
@@ -54,7 +54,12 @@ async def test_session_tool_gets_its_id_from_the_episode_state():
     )
     assert "status: ok" in result.content and "3" in result.content
     await tools.run_one(ToolCall("python", {"code": "1"}, id="c2"), {})
-    assert ex.calls == [("print(3)", sid, 2.0), ("1", None, 2.0)]
+    await tools.run_one(ToolCall("python", {"code": "2"}, id="c3"), {SESSION_KEY: sid})
+    assert ex.calls == [
+        ("print(3)", sid, 2.0, None),
+        ("1", None, 2.0, None),  # no episode id in the state: the call is a caller of its own
+        ("2", None, 2.0, sid),  # stateless, but queued as the episode's call
+    ]
 
 
 def test_format_result_says_what_happened_and_what_to_do():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -180,9 +181,20 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     async def execute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        caller: str | None = None,
     ) -> ExecResult:
-        """Run `code`; never raises for anything the code does (see `ExecResult.status`)."""
+        """Run `code`; never raises for anything the code does (see `ExecResult.status`).
+
+        `caller` names who is asking (an episode id): a pool shares its workers fairly between
+        callers, so one caller's backlog of long calls does not hold up another caller's quick
+        call (see `looprl.sandbox.fair`). Default: the session id; a call with neither counts
+        as a caller of its own.
+        """
 
     async def close_session(self, session_id: str) -> None:  # noqa: B027 - stateless backends
         """Forget a session and free its interpreter (unknown ids are ignored)."""
@@ -193,6 +205,13 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def isolation_report(self) -> IsolationReport:
         """The isolation level in force (complete once `start()` has run)."""
+
+    @staticmethod
+    def _caller(caller: str | None, session_id: str | None) -> Hashable:
+        """The key a call is queued under: `caller`, else its session, else a key of its own."""
+        if caller is not None:
+            return caller
+        return session_id if session_id is not None else object()
 
     def _timeout(self, timeout: float | None) -> float:
         """The call's timeout, validated (None means the limits' default)."""

@@ -2,8 +2,9 @@
 
 Each worker is a separate interpreter (started with a clean environment, `python -I`) that has
 imported numpy and sympy once and forks a hardened child per call (see `worker`). Calls go to
-any idle worker; a session is pinned to the worker that holds its interpreter. A worker that
-dies or stops answering is restarted, and the call in flight ends with `sandbox_error`.
+any idle worker, shared fairly between callers (episodes; see `fair`); a session is pinned to
+the worker that holds its interpreter. A worker that dies or stops answering is restarted, and
+the call in flight ends with `sandbox_error`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from looprl.sandbox import proto
 from looprl.sandbox.base import ExecResult, Executor, IsolationLevel, IsolationReport, SandboxLimits
+from looprl.sandbox.fair import FairQueue
 from looprl.sandbox.isolation import child_env, kernel_probe
 from looprl.sandbox.workerproc import WorkerProcess
 
@@ -132,7 +135,7 @@ class ForkServerExecutor(Executor):
         ]
         self._sessions: dict[str, _Session] = {}
         self._evicted: dict[str, str] = {}
-        self._cond = asyncio.Condition()
+        self._slots = FairQueue(self.n_workers)  # one slot per worker, same index
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
@@ -169,11 +172,10 @@ class ForkServerExecutor(Executor):
             log("%s", self._report.summary())
 
     def _adopt_loop(self) -> None:
-        """Move to a new event loop: fresh asyncio primitives (workers are loop-agnostic, and a
-        reply owed to a call cut off with the old loop is skipped by the next call)."""
-        for w in self._workers:
-            w.busy, w.waiters = False, 0
-        self._cond, self._start_lock = asyncio.Condition(), asyncio.Lock()
+        """Move to a new event loop: a fresh start lock (the slots reset themselves; workers are
+        loop-agnostic, and a reply owed to a call cut off with the old loop is skipped by the
+        next call)."""
+        self._start_lock = asyncio.Lock()
 
     def _forget_sessions(self, w: WorkerProcess, why: str) -> None:
         for sid in [sid for sid, s in self._sessions.items() if s.worker == w.index]:
@@ -250,32 +252,12 @@ class ForkServerExecutor(Executor):
                 return uid
         raise RuntimeError("no free sandbox uid: close sessions you no longer need")
 
-    async def _acquire(self, index: int | None) -> WorkerProcess:
-        async with self._cond:
-            while True:
-                if index is not None:
-                    w = self._workers[index]
-                    if not w.busy:
-                        break
-                    w.waiters += 1
-                else:
-                    free = [w for w in self._workers if not w.busy]
-                    if free:
-                        w = min(free, key=lambda x: (x.waiters, x.last_used))
-                        break
-                try:
-                    await self._cond.wait()
-                finally:
-                    if index is not None:
-                        self._workers[index].waiters -= 1
-            w.busy = True
-            w.last_used = time.monotonic()
-            return w
+    async def _acquire(self, caller: Hashable, index: int | None) -> WorkerProcess:
+        """Wait for a worker (worker `index` when given), fairly between callers."""
+        return self._workers[await self._slots.acquire(caller, index)]
 
-    async def _release(self, w: WorkerProcess) -> None:
-        async with self._cond:
-            w.busy = False
-            self._cond.notify_all()
+    def _release(self, w: WorkerProcess, caller: Hashable) -> None:
+        self._slots.release(w.index, caller)
 
     async def _session(self, session_id: str) -> tuple[_Session, str]:
         """The session record (created on first use) and a note if its state was lost earlier."""
@@ -315,19 +297,25 @@ class ForkServerExecutor(Executor):
             self._evicted.pop(next(iter(self._evicted)))
 
     async def execute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        caller: str | None = None,
     ) -> ExecResult:
         """Run `code` in a fresh child, or in the session's interpreter when `session_id` is given."""
         t = self._timeout(timeout)
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         await self.start()
+        who = self._caller(caller, session_id)
         note, sess = "", None
         if session_id is None:
-            w = await self._acquire(None)
+            w = await self._acquire(who, None)
         else:
             sess, note = await self._session(session_id)
-            w = await self._acquire(sess.worker)
+            w = await self._acquire(who, sess.worker)
         try:
             if w.proc is None or w.broken:  # a failed restart, or a write cut off mid-frame
                 await self._restart(w, keep=session_id)
@@ -346,7 +334,7 @@ class ForkServerExecutor(Executor):
                 message=f"sandbox infrastructure failure ({reason}); not the code's fault, retry",
             )
         finally:
-            await self._release(w)
+            self._release(w, who)
         result = ExecResult.from_dict(reply)
         if session_id is not None:
             if session_id in self._sessions:
@@ -376,7 +364,7 @@ class ForkServerExecutor(Executor):
         sess = self._sessions.pop(session_id, None)
         if sess is None or not self._started:
             return
-        w = await self._acquire(sess.worker)
+        w = await self._acquire(session_id, sess.worker)
         try:
             if w.generation == sess.generation:
                 msg = {"op": "close", "sid": session_id}
@@ -384,7 +372,7 @@ class ForkServerExecutor(Executor):
         except (TimeoutError, ConnectionError, proto.ProtocolError):
             await self._restart(w)
         finally:
-            await self._release(w)
+            self._release(w, session_id)
 
     async def close(self) -> None:
         """Stop every worker (killing all sandboxes) and remove the scratch root."""

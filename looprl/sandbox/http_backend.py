@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from looprl.sandbox.base import ExecResult, ExecStatus, Executor, IsolationReport, SandboxLimits
+from looprl.sandbox.fair import FairQueue
 
 _DRIVER = """
 import ast as _ast, base64 as _b64, contextlib as _cl, io as _io, json as _json, sys as _sys
@@ -52,7 +53,7 @@ class HttpExecutor(Executor):
         limits: Only `timeout`, `max_output_bytes` and `max_value_chars` apply client-side; the
             service enforces its own memory and process limits.
         request_timeout_slack: Seconds the HTTP request may take beyond the run timeout.
-        max_connections: Concurrent requests.
+        max_connections: Concurrent requests (shared fairly between callers, see `fair`).
         headers: Extra HTTP headers (e.g. an authorization token).
     """
 
@@ -79,6 +80,7 @@ class HttpExecutor(Executor):
             "trust_env": False,
         }
         self._client = httpx.AsyncClient(**self._client_args)
+        self._slots = FairQueue(max_connections)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: dict[str, list[str]] = {}
 
@@ -100,10 +102,23 @@ class HttpExecutor(Executor):
         )
 
     async def execute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        caller: str | None = None,
     ) -> ExecResult:
         """Send the code (after the session's earlier cells) and map the answer to an ExecResult."""
-        t = self._timeout(timeout)
+        t, who = self._timeout(timeout), self._caller(caller, session_id)
+        slot = await self._slots.acquire(who)
+        try:
+            return await self._execute(code, session_id, t)
+        finally:
+            self._slots.release(slot, who)
+
+    async def _execute(self, code: str, session_id: str | None, t: float) -> ExecResult:
+        """One request, holding a connection slot."""
         history = self._sessions.get(session_id, []) if session_id is not None else []
         body = {
             "code": self._program([*history, code]),

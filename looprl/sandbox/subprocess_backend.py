@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from looprl.sandbox.base import ExecResult, Executor, IsolationReport, SandboxLimits
+from looprl.sandbox.fair import FairQueue
 from looprl.sandbox.isolation import child_env
 from looprl.sandbox.supervise import Child, supervise
 from looprl.sandbox.workerproc import PACKAGE_ROOT
@@ -101,7 +102,7 @@ class SubprocessExecutor(Executor):
 
     Args:
         limits: Resource limits per call.
-        max_concurrency: Calls that run at once.
+        max_concurrency: Calls that run at once (shared fairly between callers, see `fair`).
         python: Interpreter to run (default: this one).
         allow_root: Run the code as root when the trainer is root and cannot drop to nobody.
             Root code can rename the host, kill the trainer and read or write every file: only
@@ -123,9 +124,8 @@ class SubprocessExecutor(Executor):
         self._threads = ThreadPoolExecutor(
             max_workers=max_concurrency, thread_name_prefix="looprl-sandbox"
         )
-        self._concurrency = max_concurrency
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = FairQueue(max_concurrency)
         self._sessions: dict[str, tuple[subprocess.Popen[bytes], Child, asyncio.Lock]] = {}
         root = os.geteuid() == 0
         blocked = unreachable_for_nobody(self.python) if root else []
@@ -217,26 +217,34 @@ class SubprocessExecutor(Executor):
             self._finish(proc, child)
 
     async def execute(
-        self, code: str, *, session_id: str | None = None, timeout: float | None = None
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        timeout: float | None = None,
+        caller: str | None = None,
     ) -> ExecResult:
         """Run `code` in a new interpreter, or in the session's interpreter."""
         t = self._timeout(timeout)
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # asyncio primitives belong to one loop: renew them
-            self._loop, self._slots = loop, asyncio.Semaphore(self._concurrency)
+            self._loop = loop
             self._sessions = {
                 sid: (p, c, asyncio.Lock()) for sid, (p, c, _) in self._sessions.items()
             }
-        async with self._slots:
-            try:
-                if session_id is None:
-                    reply = await loop.run_in_executor(self._threads, self._run_once, code, t)
-                else:
-                    reply = await self._run_session(session_id, code, t)
-            except OSError as exc:
-                return ExecResult(
-                    "sandbox_error", message=f"could not start the sandbox process: {exc}"
-                )
+        who = self._caller(caller, session_id)
+        slot = await self._slots.acquire(who)
+        try:
+            if session_id is None:
+                reply = await loop.run_in_executor(self._threads, self._run_once, code, t)
+            else:
+                reply = await self._run_session(session_id, code, t)
+        except OSError as exc:
+            return ExecResult(
+                "sandbox_error", message=f"could not start the sandbox process: {exc}"
+            )
+        finally:
+            self._slots.release(slot, who)
         return ExecResult.from_dict(reply)
 
     async def _run_session(self, session_id: str, code: str, timeout: float) -> dict[str, Any]:

@@ -5,7 +5,9 @@ a fresh sandbox; `python_session(code, session_id)` runs in the episode's own in
 variables persist across the episode's calls (ReTool / ToRL style). `session_id` is a hidden
 parameter: it never appears in the schema and is filled from the episode state
 (`state["sandbox_session"]`, see `SESSION_KEY`). The environment creates the id when an episode
-starts (`new_session_id()`) and calls `executor.close_session(id)` when it ends.
+starts (`new_session_id()`) and calls `executor.close_session(id)` when it ends. `python` takes
+the same id, when the state has one, as its hidden `caller`: the pool shares its workers fairly
+between episodes, so one episode's backlog of long calls does not hold up another's quick one.
 
 Both return one string for the model: the status, then stdout, stderr and the trailing
 expression's value, each cut to a readable size, with a plain-words message on every failure.
@@ -78,7 +80,7 @@ def make_python_tools(
         max_chars: Longest tool message section (stdout, stderr) shown to the model.
     """
 
-    async def python(code: str) -> str:
+    async def python(code: str, caller: Annotated[str | None, Hidden(SESSION_KEY)] = None) -> str:
         """Run Python 3 code in a fresh sandbox and return what it printed.
 
         numpy and sympy are installed. There is no network and no file access outside the
@@ -87,7 +89,8 @@ def make_python_tools(
         Args:
             code: The Python source code to run.
         """
-        return format_result(await executor.execute(code, timeout=timeout), max_chars)
+        result = await executor.execute(code, timeout=timeout, caller=caller)
+        return format_result(result, max_chars)
 
     async def python_session(code: str, session_id: Annotated[str, Hidden(SESSION_KEY)]) -> str:
         """Run Python 3 code in your own persistent session and return what it printed.

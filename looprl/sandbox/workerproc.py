@@ -34,7 +34,7 @@ main()
 
 
 class WorkerProcess:
-    """One worker process as the pool sees it (`busy`, `waiters` and `last_used` are the pool's)."""
+    """One worker process as the pool sees it (which call holds it is the pool's `FairQueue`)."""
 
     def __init__(self, index: int, uid: int, lean_uid: int) -> None:
         self.index = index
@@ -42,9 +42,6 @@ class WorkerProcess:
         self.lean_uid = lean_uid
         self.proc: subprocess.Popen[bytes] | None = None
         self.pidfd: int | None = None
-        self.busy = False
-        self.waiters = 0
-        self.last_used = 0.0
         self.generation = 0
         self.features: dict[str, Any] = {}
         self.broken = False
