@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,8 @@ import pytest
 
 from looprl.viewer import main_args, start_server
 from looprl.viewer.jsonl import EpisodeFile, Interner, MetricsFile, episode_summary
-from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_run
+from looprl.viewer.server import host_allowed
+from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_hostile_run, write_run
 from looprl.viewer.tokens import _FastDecoder, _HFDecoder, model_candidates
 
 
@@ -179,13 +183,15 @@ def test_malformed_and_half_written_lines_are_skipped_with_notice(server, tmp_pa
         f.write("garbage\n" + json.dumps({"step": 2, "loss": float("nan"), "kl": 0.1}) + "\n")
     url = server(run)
     res = get(url, "api/rollouts?run=bad&step=1")
-    assert res["total"] == 3  # lines 0, corrupt (fast-indexed), 2
-    assert "malformed" in res["items"][1] and "could not read" in res["items"][1]["malformed"]
+    # the corrupt middle of line 3 passes the head-and-tail index and is found when listed
+    assert res["total"] == 2 and [i["i"] for i in res["items"]] == [0, 2]
+    assert res["skipped"] == 3  # lines 2, 3 and 6
     status, msg = get_error(url, "api/episode?run=bad&file=train:1&i=1")
-    assert status == 400 and msg
+    assert status == 400 and "line 3 of step_000001.jsonl is not a valid episode" in msg
     info = get(url, "api/runs")["runs"][0]
     f1 = next(f for f in info["files"] if f["key"] == "train:1")
-    assert f1["skipped"] == 2 and f1["partial"] and info["skipped_total"] == 3
+    assert f1["skipped"] == 3 and f1["partial"] and info["skipped_total"] == 4
+    assert f1["episodes_indexed"] == 2
     rows = get(url, "api/metrics?run=bad&since=0")["rows"]
     assert rows[-1] == {"step": 2.0, "kl": 0.1}  # NaN dropped, JSON stays valid
     assert info["metrics_notice"]["skipped_lines"] == [2]
@@ -301,3 +307,281 @@ def test_transformers_fallback_decodes_like_tokenizers(tok_dir):
     ids = hf_encoder(tok_dir)("<|im_start|>user\nWhat is 3 * 7?<|im_end|>")
     assert [hf.decode([i]) for i in ids] == [fast.decode([i]) for i in ids]
     assert "".join(fast.decode([i]) for i in ids) == "<|im_start|>user\nWhat is 3 * 7?<|im_end|>"
+
+
+# --- hostile run directories: fields are data, never markup --------------------------------------
+
+PAYLOAD = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+HOSTILE_DIR = "run <img src=x onerror=window.__xss=3>"  # a directory name cannot hold "/"
+
+
+def test_hostile_fields_come_back_as_data(server, tmp_path):
+    root = tmp_path / "runs"
+    write_hostile_run(root / HOSTILE_DIR, PAYLOAD)
+    ev = root / f"eval {HOSTILE_DIR}"
+    ev.mkdir()
+    (ev / "results.jsonl").write_bytes(
+        (root / HOSTILE_DIR / "rollouts" / "step_000001.jsonl").read_bytes()
+    )
+    (ev / "metadata.json").write_text(json.dumps({"summary": {PAYLOAD: PAYLOAD}}))
+    url = server(root)
+    runs = get(url, "api/runs")["runs"]
+    assert [r["name"] for r in runs] == [f"eval {HOSTILE_DIR}", HOSTILE_DIR]
+    assert runs[0]["summary"] == {PAYLOAD: PAYLOAD} and runs[1]["skipped_total"] == 0
+    rid = urllib.parse.quote(runs[1]["id"])
+    rows = get(url, f"api/metrics?run={rid}")["rows"]
+    assert rows[0] == {"step": 1, f"{PAYLOAD}/mean": 0.1, PAYLOAD: 0.2}
+    assert get(url, f"api/config?run={rid}")["config"]["note"] == PAYLOAD
+    res = get(url, f"api/rollouts?run={rid}&step=all")
+    assert res["total"] == 2 and res["skipped"] == 0 and res["envs"] == [PAYLOAD]
+    item = res["items"][0]
+    assert item["task_id"] == f"{PAYLOAD} task-0" and item["env"] == PAYLOAD
+    assert item["errors"] == [PAYLOAD] and PAYLOAD in item["preview"]
+    ep = get(url, f"api/episode?run={rid}&file=train:1&i=0")["episode"]
+    assert ep["messages"][2]["tool_calls"][0]["name"] == PAYLOAD
+    assert ep["task"]["info"] == {PAYLOAD: PAYLOAD} and ep["stop_reason"] == PAYLOAD
+    q = urllib.parse.quote(PAYLOAD[:10])
+    assert get(url, f"api/tasks?run={rid}&q={q}")["tasks"] == [
+        f"{PAYLOAD} task-{n}" for n in (0, 1)
+    ]
+
+
+def test_static_code_never_parses_html():
+    """The page sets text, never HTML: no DOM call that parses a string as markup."""
+    static = Path(__file__).parents[1] / "looprl" / "viewer" / "static"
+    sinks = re.compile(
+        r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|DOMParser|"
+        r"createContextualFragment|srcdoc|\beval\(|new Function"
+    )
+    found = [
+        f"{p.name}:{n}: {line.strip()}"
+        for p in sorted(static.glob("*.js"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if sinks.search(line)
+    ]
+    assert not found, found
+
+
+def test_pages_carry_security_headers(server, run):
+    url = server(run)
+    for path in ("", "static/app.js", "api/runs"):
+        with urllib.request.urlopen(url + path, timeout=10) as r:
+            assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+            assert r.headers["X-Content-Type-Options"] == "nosniff"
+
+
+# --- the Host check against DNS rebinding ---------------------------------------------------------
+
+
+def get_with_host(url: str, path: str, host: str) -> tuple[int, Any]:
+    """(status, JSON body) of a GET sent with the given Host header."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.putrequest("GET", "/" + path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
+
+
+def test_host_header_must_name_this_server(server, run):
+    url = server(run)
+    port = urllib.parse.urlsplit(url).port
+    for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}", ""):
+        status, body = get_with_host(url, "api/runs", host)
+        assert status == 403 and "DNS rebinding" in body["error"], host
+    status, body = get_with_host(url, "", "evil.example")  # the page too, not only the APIs
+    assert status == 403
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost", f"[::1]:{port}"):
+        status, body = get_with_host(url, "api/runs", host)
+        assert status == 200 and body["runs"][0]["id"] == "runA", host
+
+
+def test_host_allowed_follows_the_bound_address():
+    assert host_allowed("LOCALHOST:8080", "127.0.0.1")
+    assert host_allowed("localhost:9000", "127.0.0.1")  # an ssh -L tunnel on another port
+    assert not host_allowed("localhost.evil.example", "127.0.0.1")
+    assert not host_allowed("localhost@evil.example", "127.0.0.1")
+    assert not host_allowed(None, "127.0.0.1")
+    assert host_allowed("gpu-box.lan:8765", "gpu-box.lan")  # an explicit --host is allowed
+    assert not host_allowed("other.lan:8765", "gpu-box.lan")
+    assert not host_allowed("10.0.0.5:8765", "gpu-box.lan")
+    assert host_allowed("10.0.0.5:8765", "0.0.0.0")  # all interfaces: any IP address
+    assert host_allowed("[fe80::1]:8765", "0.0.0.0")
+    assert not host_allowed("evil.example:8765", "0.0.0.0")
+
+
+# --- malformed rows: a fuzz over every endpoint ----------------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+def nested(depth: int) -> Any:
+    """A list nested `depth` levels deep."""
+    x: Any = 0
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+# (path, value): set that field of a valid episode. BAD edits break the shape the page relies on
+# (the line must be skipped and counted); OK edits are odd but showable (the line must be shown).
+BAD_EDITS: list[tuple[tuple[Any, ...], Any]] = [
+    (("task",), "x"), (("task", "id"), [1]), (("task", "id"), None), (("task", "id"), 1.5),
+    (("task", "id"), True), (("task", "env"), 3), (("task", "prompt"), 7),
+    (("task", "prompt", 0, "role"), None), (("messages",), "hello"), (("messages", 1), 5),
+    (("messages", 2, "content"), {"a": 1}), (("messages", 2, "tool_calls"), {}),
+    (("messages", 2, "tool_calls", 0, "name"), []), (("trajectories",), {}),
+    (("trajectories", 0), None), (("trajectories", 0, "token_ids"), ["a"]),
+    (("trajectories", 0, "token_ids"), [-1]), (("trajectories", 0, "token_ids"), [2**40]),
+    (("trajectories", 0, "token_ids"), [1.5]), (("trajectories", 0, "mask"), [True]),
+    (("trajectories", 0, "logprobs"), ["x"]), (("reward",), "1"), (("reward",), []),
+    (("rewards",), []), (("rewards", "correct"), "x"), (("errors",), "boom"), (("errors",), ["x"]),
+    (("tool_errors",), []), (("tool_errors", "k"), "x"), (("num_turns",), "2"),
+    (("num_turns",), 1.5), (("truncated",), "yes"), (("stop_reason",), 5),
+    (("timings", "generate"), "x"), (("rollout_index",), None), (("task", "info"), nested(100)),
+    (("state",), nested(100)),
+]  # fmt: skip
+OK_EDITS: list[tuple[tuple[Any, ...], Any]] = [
+    (("reward",), NAN), (("reward",), INF), (("rewards", "correct"), -INF),
+    (("trajectories", 0, "logprobs"), [NAN, 0.0]), (("reward",), 10**400), (("num_turns",), 10**400),
+    (("messages", 2, "content"), "lone \ud800 surrogate"), (("task", "id"), "id-\udfff"),
+    (("extra",), {"a": [1]}), (("task", "prompt"), "a plain prompt"), (("task", "id"), 12345),
+    (("stop_reason",), None), (("task", "info"), nested(30)), (("task", "env"), PAYLOAD),
+]  # fmt: skip
+BAD_LINES = [
+    b"[]", b'"text"', b"5", b"null", b"{not json", b'{"task": {"id": "t"', b"\xff\xfe{}",
+    b"[" * 5000 + b"]" * 5000, b'{"task": {"id": "t"}, "reward": ' + b"9" * 5000 + b"}",
+]  # fmt: skip
+BAD_METRICS = [b"garbage", b"[1, 2]", b'{"step": 1, "x": \xff}', b"[" * 5000 + b"]" * 5000]
+OK_METRICS = [
+    {"step": 1, "loss": NAN},
+    {"step": 2, "x": 10**400},
+    {"step": "s", "y": "text"},
+    {"\ud800": 1.0, "step": 4},
+]
+
+
+def edited(ep: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """A deep copy of `ep` with the field at `path` set to `value`."""
+    out = json.loads(json.dumps(ep))
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def fuzz_rows(rng: random.Random, template: dict[str, Any], n: int) -> tuple[list[bytes], int]:
+    """(n episode lines, how many must be skipped): valid, oddly shaped, or malformed."""
+    lines, bad = [], 0
+    for _ in range(n):
+        kind = rng.choice(["good", "ok", "bad_edit", "bad_drop", "bad_line", "bad_bytes"])
+        ep = template
+        if kind == "ok":
+            ep = edited(template, *rng.choice(OK_EDITS))
+            if rng.random() < 0.3:
+                ep = dict(reversed(ep.items()))  # unusual key order: the index parses it all
+            if rng.random() < 0.3:
+                ep.pop(rng.choice(["messages", "trajectories", "timings"]))
+        elif kind == "bad_edit":
+            ep = edited(template, *rng.choice(BAD_EDITS))
+        elif kind == "bad_drop":
+            path = rng.choice([("task",), ("task", "id"), ("messages", 0, "role")])
+            ep = json.loads(json.dumps(template))
+            node = ep
+            for key in path[:-1]:
+                node = node[key]
+            del node[path[-1]]
+        if kind == "bad_line":
+            lines.append(rng.choice(BAD_LINES))
+        elif kind == "bad_bytes":  # not UTF-8: a stray byte, or a surrogate encoded raw
+            text = json.dumps(template).encode()
+            at = text.index(b'"content": "') + 12
+            lines.append(text[:at] + rng.choice([b"\xff", b"\xed\xa0\x80", b"\xc3"]) + text[at:])
+        else:
+            lines.append(json.dumps(ep).encode())
+        bad += kind.startswith("bad")
+        if rng.random() < 0.05:
+            lines.append(b"   ")  # blank lines are neither episodes nor malformed
+    return lines, bad
+
+
+def get_any(url: str, path: str) -> tuple[int, Any]:
+    """(status, strict JSON body) of any answer; fails on a 500 or on JSON with NaN."""
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+
+    def reject(name: str) -> None:
+        raise AssertionError(f"{path}: {name} in JSON")
+
+    assert status != 500, (path, raw[:500])
+    return status, json.loads(raw.decode("utf-8"), parse_constant=reject)
+
+
+def test_malformed_rows_never_break_the_api(server, tmp_path, tok_dir):
+    rng = random.Random(1234)
+    run = write_run(tmp_path / "fuzz", steps=2, tasks=2, group=1, eval_every=2, model=str(tok_dir))
+    template = json.loads((run / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
+    expected_bad = {}
+    for source, path in [
+        ("train", run / "rollouts" / "step_000001.jsonl"),
+        ("train", run / "rollouts" / "step_000002.jsonl"),
+        ("eval", run / "eval" / "step_000002" / "results.jsonl"),
+    ]:
+        lines, bad = fuzz_rows(rng, template, 120)
+        path.write_bytes(b"".join(line + b"\n" for line in lines))
+        expected_bad[source] = expected_bad.get(source, 0) + bad
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b"".join(line + b"\n" for line in BAD_METRICS))
+        f.write(b"".join(json.dumps(row).encode() + b"\n" for row in OK_METRICS))
+    (run / "config.json").write_text(json.dumps({"model": str(tok_dir), "deep": nested(900)}))
+    url = server(run)
+
+    status, runs = get_any(url, "api/runs")
+    assert status == 200
+    status, metrics = get_any(url, "api/metrics?run=fuzz")
+    assert status == 200 and len(metrics["rows"]) == 2 + len(OK_METRICS)
+    assert metrics["notice"]["skipped"] == len(BAD_METRICS)
+    assert get_any(url, "api/config?run=fuzz") == (200, {"config": None, "metadata": None})
+    shown = []
+    for source in ("train", "eval"):
+        offset, res = 0, {"complete": False, "items": [None]}
+        while not res["complete"] or res["items"]:
+            status, res = get_any(
+                url, f"api/rollouts?run=fuzz&source={source}&step=all&limit=37&offset={offset}"
+            )
+            assert status == 200
+            shown += res["items"]
+            offset += len(res["items"])
+        assert res["skipped"] == expected_bad[source]
+        filters = [
+            "errors=errors",
+            "errors=clean",
+            "min=0.5",
+            "max=0",
+            "env=calc",
+            "task=task-0001",
+        ]
+        for flt in filters:
+            assert get_any(url, f"api/rollouts?run=fuzz&source={source}&step=all&{flt}")[0] == 200
+    assert len(shown) == 3 * 120 - sum(expected_bad.values())
+    for it in shown:
+        status, ep = get_any(url, f"api/episode?run=fuzz&file={it['file']}&i={it['i']}&tokens=1")
+        assert status == 200 and ep["episode"]["task"]["id"] is not None
+    for key in ("train:1", "train:2", "eval:2"):
+        for i in range(0, 130, 7):  # malformed and out-of-range rows answer 400, never 500
+            status, body = get_any(url, f"api/episode?run=fuzz&file={key}&i={i}")
+            assert status in (200, 400) and (status == 200 or body["error"])
+    status, tasks = get_any(url, "api/tasks?run=fuzz&q=")
+    assert status == 200 and "id-\udfff" in tasks["tasks"]
+    status, runs = get_any(url, "api/runs")
+    info = runs["runs"][0]
+    assert info["skipped_total"] == sum(expected_bad.values()) + len(BAD_METRICS)
+    assert sum(f["episodes_indexed"] for f in info["files"]) == len(shown)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from looprl.viewer import start_server
-from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_run
+from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_hostile_run, write_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -86,7 +86,8 @@ def test_viewer_in_chromium(runs_dir: Path, shots: Path):
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            # the server's Content-Security-Policy forbids eval, which Playwright's waits use
+            page = browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(url)
             check_curves(page, runs_dir, shots)
@@ -167,3 +168,97 @@ def check_compare(page, shots: Path) -> None:
     assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == task
     assert page.inner_text("#side-a .ep-head .muted") == clicked
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
+
+
+PAYLOAD = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+HOSTILE_DIR = "run <img src=x onerror=window.__xss=3>"
+
+
+@pytest.fixture
+def hostile_dir(tmp_path: Path) -> Path:
+    """A training run and an eval directory whose every field (and names) carry HTML payloads."""
+    tok = build_tokenizer(tmp_path / "tok")
+    root = tmp_path / "runs"
+    run = write_hostile_run(root / HOSTILE_DIR, PAYLOAD, encode=hf_encoder(tok))
+    (run / "config.json").write_text(json.dumps({"model": str(tok), "note": PAYLOAD}))
+    with open(run / "rollouts" / "step_000001.jsonl", "a") as f:
+        f.write('{"task": {"id": 5}, "messages": "<img src=x onerror=window.__xss=4>"}\n')
+    ev = root / "eval <b>x"
+    ev.mkdir()
+    (ev / "results.jsonl").write_bytes((run / "rollouts" / "step_000001.jsonl").read_bytes())
+    (ev / "metadata.json").write_text(json.dumps({"summary": {PAYLOAD: PAYLOAD}}))
+    return root
+
+
+def test_hostile_fields_show_as_text(hostile_dir: Path, shots: Path):
+    """Payloads in every field show literally; no element is made from them and nothing runs.
+
+    The page is loaded with the server's Content-Security-Policy bypassed, so an injected
+    `onerror` would run: the page's own handling of text, not the policy, must stop it.
+    """
+    sync_api = pytest.importorskip("playwright.sync_api")
+    srv, url = start_server([hostile_dir])
+    errors: list[str] = []
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+            # the server's Content-Security-Policy forbids eval, which Playwright's waits use
+            page = browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            check_hostile_curves(page, shots)
+            check_hostile_episode(page, shots)
+            assert page.evaluate("window.__xss") is None
+            assert page.evaluate("document.querySelectorAll('img').length") == 0
+            assert page.evaluate("document.querySelectorAll('script').length") == 5  # ours
+            browser.close()
+    finally:
+        srv.close()
+    assert not errors, errors
+    check_png(shots / "hostile-episode.png")
+
+
+def check_hostile_curves(page, shots: Path) -> None:
+    """Run names, metric names (chart titles, legend, hover tooltip) and the summary table."""
+    page.wait_for_function("Object.keys(LV.app.state.charts).length === 1")
+    assert HOSTILE_DIR in page.inner_text("#run-toggles")
+    assert PAYLOAD in page.inner_text("#summaries")
+    titles = page.eval_on_selector_all(".chart h3", "els => els.map(e => e.textContent)")
+    assert titles == [PAYLOAD.split("/")[0]]  # metrics are grouped by the part before "/"
+    legend = page.inner_text("#charts .legend")
+    assert f"{PAYLOAD}/mean" in legend and legend.count(PAYLOAD) == 2
+    box = page.locator(".chart canvas.overlay").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_selector("#tooltip:not([hidden])")
+    assert PAYLOAD[:20] in page.inner_text("#tooltip")
+    page.wait_for_function(  # episode files are indexed by the first rollouts query
+        "document.querySelector('#notices').textContent.includes('1 malformed line skipped')",
+        timeout=10_000,
+    )
+    page.screenshot(path=str(shots / "hostile-curves.png"), full_page=True)
+
+
+def check_hostile_episode(page, shots: Path) -> None:
+    """The rollout list, the episode turn by turn, the token view and its tooltip."""
+    page.click("#tabs button[data-tab=rollouts]")
+    run_id = page.evaluate(f"LV.app.state.runs.find(r => r.name === {HOSTILE_DIR!r}).id")
+    page.select_option("#f-run", run_id)
+    page.wait_for_selector("#rollouts tbody tr[data-file='train:1']")
+    assert page.inner_text("#page-info") == "1–2 of 2 · 1 malformed line skipped"
+    assert page.inner_text("#rollouts tbody tr:first-child td.task") == f"{PAYLOAD} task-0"
+    page.click("#rollouts tbody tr:first-child")
+    page.wait_for_selector("#episode .ep-head")
+    assert page.inner_text("#episode h2") == f"{PAYLOAD} task-0"
+    assert page.inner_text("#episode .call .name") == PAYLOAD
+    text = page.inner_text("#episode")
+    assert text.count(PAYLOAD) >= 8 and f"{PAYLOAD}: {PAYLOAD}" in text  # error kind: message
+    page.click("#episode details.task summary")
+    assert f"answer: {PAYLOAD}" in page.inner_text("#episode details.task")
+    page.screenshot(path=str(shots / "hostile-episode.png"), full_page=True)
+    page.click("#episode .tok-toggle")
+    page.wait_for_selector("#episode .tokens .tok.m1")
+    assert "<img" in page.inner_text("#episode .tokens")
+    page.hover("#episode .tokens .tok.m1 >> nth=3")
+    page.wait_for_selector("#tooltip:not([hidden])")
+    assert "logprob" in page.inner_text("#tooltip")
+    page.screenshot(path=str(shots / "hostile-tokens.png"), full_page=True)

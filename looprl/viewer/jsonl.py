@@ -2,9 +2,13 @@
 
 A file is never loaded whole: each index remembers how far it has read and, on `refresh`, reads
 only the complete lines added since (a trailing line without a newline is a line still being
-written and is left for later). A complete line that is not valid JSON is skipped and counted.
-Episode files keep only a few numbers per line (offset, length, reward, flags, interned task and
-environment ids), so memory stays small however many episodes a run holds.
+written and is left for later). A complete line that is not a valid record is skipped and
+counted: not UTF-8, not JSON, nested too deep, or (for episodes) not the shape
+`looprl.viewer.schema` describes. Episode files keep only a few numbers per line (offset, length,
+line number, reward, flags, interned task and environment ids), so memory stays small however
+many episodes a run holds. The index parses only the head and tail of an episode line; damage in
+its middle (messages, token arrays) is found when the line is first read for a page, and from
+then on the line is skipped and counted like the others.
 """
 
 from __future__ import annotations
@@ -22,14 +26,34 @@ from typing import Any
 
 import numpy as np
 
+from looprl.viewer.schema import episode_problem
+
 # Episode flags (one byte per episode).
 FLAG_ERROR = 1  # `errors` is non-empty (rollout or scoring error)
 FLAG_TOOL_ERROR = 2  # at least one failed tool call
 FLAG_TRUNCATED = 4  # the episode hit a length or turn limit
+FLAG_MALFORMED = 8  # reading the whole line showed it is not a valid episode: skipped
+FLAG_CHECKED = 16  # the whole line was read once and is valid (no need to check it again)
+
+# What a bad line raises while it is parsed or checked (UnicodeDecodeError is a ValueError;
+# RecursionError comes from JSON nested about a thousand levels deep).
+LINE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError)
 
 _TASK_START = re.compile(r'\s*\{\s*"task"\s*:\s*')
 _DECODER = json.JSONDecoder()
 MAX_NOTED_LINES = 20  # how many malformed line numbers are kept for the notice
+
+
+class MalformedRow(ValueError):
+    """A line of a run file that is not a valid record (the API answers 400 with the reason)."""
+
+
+def parse_line(line: bytes) -> Any:
+    """The JSON value of one line; ValueError when it is not UTF-8 or not JSON (or too deep)."""
+    try:
+        return json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("JSON nested too deep to parse") from None
 
 
 class Interner:
@@ -119,14 +143,17 @@ class JsonlIndex:
     def _take(self, offset: int, line: bytes) -> None:
         try:
             self._add(offset, line)
-        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
-            self.skipped += 1
-            if len(self.skipped_lines) < MAX_NOTED_LINES:
-                self.skipped_lines.append(self._lines)
-            if self.skipped <= 3:
-                print(
-                    f"looprl view: skipped line {self._lines} of {self.path}: {e}", file=sys.stderr
-                )
+        except LINE_ERRORS as e:
+            self._note_skipped(self._lines, e)
+
+    def _note_skipped(self, line_no: int, why: BaseException | str) -> None:
+        self.skipped += 1
+        if len(self.skipped_lines) < MAX_NOTED_LINES:
+            self.skipped_lines.append(line_no)
+            self.skipped_lines.sort()
+        if self.skipped <= 3:
+            why = str(why)[:300]
+            print(f"looprl view: skipped line {line_no} of {self.path}: {why}", file=sys.stderr)
 
     def _reset(self) -> None:
         self.skipped = 0
@@ -155,7 +182,10 @@ def finite(x: Any) -> float | None:
     """`x` as a float when it is a finite number (bools excluded), else None."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return None
-    f = float(x)
+    try:
+        f = float(x)
+    except OverflowError:  # an integer beyond the float range
+        return None
     return f if math.isfinite(f) else None
 
 
@@ -168,7 +198,7 @@ class MetricsFile(JsonlIndex):
         self.keys: set[str] = set()
 
     def _add(self, offset: int, line: bytes) -> None:
-        obj = json.loads(line)
+        obj = parse_line(line)
         if not isinstance(obj, dict):
             raise ValueError("metrics line is not a JSON object")
         row: dict[str, float] = {}
@@ -196,15 +226,19 @@ def episode_summary(line: bytes) -> tuple[str, str, float, int]:
     Fast path: parse only the `task` object at the head and the small tail that follows the
     token-level `trajectories` (the bulk of the line), which is about 20x cheaper than parsing the
     whole line. Falls back to a full parse when the line does not have the usual key order.
-    Raises ValueError when the line is not an episode.
+    The parsed parts are checked against `looprl.viewer.schema`. Raises ValueError when the line
+    is not an episode.
     """
     text = line.decode("utf-8")
-    summary = _fast_summary(text)
-    if summary is None:
-        obj = json.loads(text)
-        if not isinstance(obj, dict) or not isinstance(obj.get("task"), dict):
-            raise ValueError("line is not an episode (no `task` object)")
-        summary = _summarize(obj["task"], obj)
+    try:
+        summary = _fast_summary(text)
+        if summary is None:
+            obj = json.loads(text)
+            if not isinstance(obj, dict) or not isinstance(obj.get("task"), dict):
+                raise ValueError("line is not an episode (no `task` object)")
+            summary = _summarize(obj["task"], obj)
+    except RecursionError:
+        raise ValueError("JSON nested too deep to parse") from None
     return summary
 
 
@@ -232,6 +266,9 @@ def _fast_summary(text: str) -> tuple[str, str, float, int] | None:
 
 
 def _summarize(task: dict[str, Any], d: dict[str, Any]) -> tuple[str, str, float, int]:
+    problem = episode_problem({**d, "task": task})
+    if problem:
+        raise ValueError(problem)
     reward = finite(d.get("reward"))
     flags = 0
     if d.get("errors"):
@@ -257,6 +294,8 @@ class EpisodeFile(JsonlIndex):
     def _clear(self) -> None:
         self.offsets = array("q")
         self.lengths = array("l")
+        self.line_nos = array("l")
+        self.malformed: dict[int, str] = {}  # episode index -> why, found when read
         self.rewards = array("d")
         self.flags = array("B")
         self.task_codes = array("l")
@@ -265,10 +304,16 @@ class EpisodeFile(JsonlIndex):
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def usable(self) -> int:
+        """Episodes indexed and not found malformed since."""
+        with self.lock:
+            return len(self.offsets) - len(self.malformed)
+
     def _add(self, offset: int, line: bytes) -> None:
         task_id, env, reward, flags = episode_summary(line)
         self.offsets.append(offset)
         self.lengths.append(len(line))
+        self.line_nos.append(self._lines)
         self.rewards.append(reward)
         self.flags.append(flags)
         self.task_codes.append(self._tasks.code(task_id))
@@ -285,15 +330,40 @@ class EpisodeFile(JsonlIndex):
             }
 
     def read(self, i: int) -> dict[str, Any]:
-        """Parse episode `i` (0-based among the valid episodes of this file)."""
+        """Parse and check episode `i` (0-based among the lines the index took).
+
+        Raises MalformedRow when the whole line is not a valid episode; the line is then
+        skipped and counted from now on (see `FLAG_MALFORMED`).
+        """
         with self.lock:
             if not 0 <= i < len(self.offsets):
                 raise IndexError(f"episode {i} not in {self.path} (it has {len(self.offsets)})")
-            offset, length = self.offsets[i], self.lengths[i]
+            if i in self.malformed:
+                raise MalformedRow(self.malformed[i])
+            offset, length, checked = self.offsets[i], self.lengths[i], self.flags[i] & FLAG_CHECKED
         with open(self.path, "rb") as f:
             f.seek(offset)
             raw = f.read(length)
-        obj = json.loads(raw)
-        if not isinstance(obj, dict):
-            raise ValueError(f"line at byte {offset} of {self.path} is not a JSON object")
+        try:
+            obj = parse_line(raw)
+            problem = None if checked else episode_problem(obj)
+        except LINE_ERRORS as e:
+            problem = str(e)
+        if problem:
+            raise MalformedRow(self._mark_malformed(i, problem))
+        with self.lock:
+            if i < len(self.flags):
+                self.flags[i] |= FLAG_CHECKED
         return obj
+
+    def _mark_malformed(self, i: int, problem: str) -> str:
+        with self.lock:
+            if i >= len(self.offsets):  # the index was reset (file replaced) meanwhile
+                return f"episode {i} of {self.path.name}: {problem}"
+            line_no = self.line_nos[i]
+            why = f"line {line_no} of {self.path.name} is not a valid episode: {problem}"
+            if i not in self.malformed:
+                self.malformed[i] = why
+                self.flags[i] |= FLAG_MALFORMED
+                self._note_skipped(line_no, problem)
+            return self.malformed[i]

@@ -20,12 +20,15 @@ import numpy as np
 
 from looprl.viewer.jsonl import (
     FLAG_ERROR,
+    FLAG_MALFORMED,
     FLAG_TOOL_ERROR,
     FLAG_TRUNCATED,
     EpisodeFile,
     Interner,
+    MalformedRow,
     MetricsFile,
 )
+from looprl.viewer.schema import ANY
 
 _STEP = re.compile(r"(\d+)")
 ERROR_FILTERS = ("all", "errors", "tool_errors", "truncated", "clean")
@@ -55,11 +58,12 @@ def file_key(source: str, step: int | None) -> str:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content, or None when it is missing or not (yet) valid JSON."""
+    """A JSON file's content, or None when it is missing, not (yet) valid JSON, or too deep."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
+    return None if ANY.problem(doc, path.name) else doc
 
 
 @dataclass
@@ -143,7 +147,7 @@ class Run:
                     "key": key,
                     "source": source,
                     "step": step,
-                    "episodes_indexed": len(f),
+                    "episodes_indexed": f.usable(),
                     "bytes": f.size(),
                     "skipped": f.skipped,
                     "partial": f.partial,
@@ -177,7 +181,8 @@ class Run:
         complete = True
         matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]] = []
         total = 0
-        for key, step, f in self.episode_files(q.source, q.step):
+        files = self.episode_files(q.source, q.step)
+        for key, step, f in files:
             left = deadline - time.perf_counter()
             if left <= 0 or not f.refresh(budget_s=left):
                 complete = False
@@ -185,10 +190,11 @@ class Run:
             if len(idx):
                 matches.append((key, step, f, idx))
                 total += len(idx)
-        items = self._page(matches, q.offset, q.limit)
+        items, found_malformed = self._page(matches, q.offset, q.limit)
         return {
             "items": items,
-            "total": total,
+            "total": total - found_malformed,
+            "skipped": sum(f.skipped for _, _, f in files),
             "complete": complete,
             "envs": sorted(n for n in self.envs.names),
             "offset": q.offset,
@@ -197,7 +203,8 @@ class Run:
 
     def _filter(self, f: EpisodeFile, q: Query) -> np.ndarray:
         cols = f.columns()
-        keep = np.ones(len(cols["reward"]), dtype=bool)
+        flags = cols["flags"]
+        keep = (flags & FLAG_MALFORMED) == 0
         if q.env is not None:
             code = self.envs.ids.get(q.env)
             keep &= cols["env"] == (-1 if code is None else code)
@@ -208,7 +215,6 @@ class Run:
             keep &= cols["reward"] >= q.min_reward
         if q.max_reward is not None:
             keep &= cols["reward"] <= q.max_reward
-        flags = cols["flags"]
         if q.errors == "errors":
             keep &= (flags & FLAG_ERROR) != 0
         elif q.errors == "tool_errors":
@@ -224,19 +230,30 @@ class Run:
         matches: list[tuple[str, int | None, EpisodeFile, np.ndarray]],
         offset: int,
         limit: int,
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], int]:
+        """(summaries of matches from `offset` on, at most `limit`; lines found malformed).
+
+        A line whose whole parse fails is skipped (and marked, so later queries leave it out)
+        and the page takes the next match instead.
+        """
         items: list[dict[str, Any]] = []
+        found_malformed = 0
         skip = max(0, offset)
         for key, step, f, idx in matches:
             if skip >= len(idx):
                 skip -= len(idx)
                 continue
-            for i in idx[skip : skip + limit - len(items)]:
-                items.append(_item(key, step, f, int(i)))
+            for i in idx[skip:]:
+                try:
+                    ep = f.read(int(i))
+                except MalformedRow:
+                    found_malformed += 1
+                    continue
+                items.append({"file": key, "step": step, "i": int(i), **episode_brief(ep)})
+                if len(items) >= limit:
+                    return items, found_malformed
             skip = 0
-            if len(items) >= limit:
-                break
-        return items
+        return items, found_malformed
 
     def episode(self, key: str, i: int) -> tuple[int | None, dict[str, Any]]:
         """(step, full episode dict) of episode `i` of file `key`."""
@@ -250,17 +267,8 @@ class Run:
         return step, f.read(i)
 
 
-def _item(key: str, step: int | None, f: EpisodeFile, i: int) -> dict[str, Any]:
-    base = {"file": key, "step": step, "i": i}
-    try:
-        ep = f.read(i)
-    except (OSError, ValueError, IndexError) as e:
-        return {**base, "malformed": f"could not read this episode: {e}"}
-    return {**base, **episode_brief(ep)}
-
-
 def episode_brief(ep: dict[str, Any]) -> dict[str, Any]:
-    """The columns of the rollouts table for one episode."""
+    """The columns of the rollouts table for one episode (checked by `looprl.viewer.schema`)."""
     task = ep.get("task") or {}
     msgs = ep.get("messages") or []
     last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)

@@ -1,6 +1,11 @@
 """The `looprl view` web server: JSON APIs over run directories plus the static front end.
 
-Stdlib only (`ThreadingHTTPServer`). Binds 127.0.0.1 by default. Routes:
+Stdlib only (`ThreadingHTTPServer`). Binds 127.0.0.1 by default and answers only requests whose
+`Host` header names this machine by a loopback name (or the address given to `--host`), so a web
+page elsewhere cannot read the runs through DNS rebinding. Everything in a run directory is
+treated as untrusted data: lines that are not valid records are skipped and counted, and the
+page sets all text through `textContent` (no HTML is built from data; a Content-Security-Policy
+forbids inline scripts as a second line of defence). Routes:
 
 - `GET /` and `GET /static/<file>`: the page (hand-written HTML/JS/CSS, nothing from a CDN).
 - `GET /api/runs`: every run with its episode files, metric row count and skipped-line notices.
@@ -15,8 +20,10 @@ Stdlib only (`ThreadingHTTPServer`). Binds 127.0.0.1 by default. Routes:
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import math
+import re
 import signal
 import sys
 import threading
@@ -41,6 +48,18 @@ CONTENT_TYPES = {
     ".png": "image/png",
 }
 MAX_PAGE = 500
+FLOAT_MAX_INT = 2**1023  # larger integers do not fit a JavaScript number (about 1.8e308)
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[^:\[\]/@\s]+)(?::\d{1,5})?")  # name, optional port
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 class Viewer:
@@ -154,15 +173,57 @@ ROUTES: dict[str, Callable[[Viewer, Params], Any]] = {
 }
 
 
+def host_allowed(header: str | None, bound: str) -> bool:
+    """Whether a request's `Host` header names this server, not some other site's domain.
+
+    Allowed names: 127.0.0.1, localhost, [::1] and the address the server was bound to, with any
+    port or none (an `ssh -L` tunnel may use another local port). When bound to every interface
+    (`0.0.0.0`), any IP address is allowed too. DNS rebinding needs a domain name of the
+    attacker's in the Host header, never one of these.
+    """
+    m = _HOST.fullmatch((header or "").strip().lower())
+    if m is None:
+        return False
+    name, bound = m.group(1), bound.lower()
+    if name in LOOPBACK_NAMES or name == (f"[{bound}]" if ":" in bound else bound):
+        return True
+    if bound not in WILDCARD_HOSTS:
+        return False
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def clean_json(x: Any) -> Any:
-    """`x` with NaN and infinities replaced by None (browsers reject them in JSON)."""
+    """`x` with NaN, infinities and integers beyond the float range replaced by None.
+
+    Browsers reject NaN in JSON and read integers beyond `FLOAT_MAX_INT` as Infinity.
+    """
     if isinstance(x, float):
         return x if math.isfinite(x) else None
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) > FLOAT_MAX_INT:
+        return None
     if isinstance(x, dict):
         return {k: clean_json(val) for k, val in x.items()}
     if isinstance(x, list):
         return [clean_json(val) for val in x]
     return x
+
+
+def encode_json(body: Any) -> bytes:
+    """UTF-8 JSON of `body` (see `clean_json`); strings with lone surrogates come out escaped."""
+    text = json.dumps(clean_json(body), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (valid in JSON text, not in UTF-8)
+        return json.dumps(clean_json(body), ensure_ascii=True, allow_nan=False).encode("ascii")
+
+
+def error_json(message: str) -> bytes:
+    """The body of an error answer: `{"error": message}`."""
+    return encode_json({"error": message or "not found"})
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -172,7 +233,16 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        """Route one GET request."""
+        """Route one GET request (refused unless its Host header names this server)."""
+        host = self.headers.get("Host")
+        if not host_allowed(host, str(self.server.server_address[0])):
+            names = ", ".join(LOOPBACK_NAMES)
+            msg = (
+                f"refused: Host {(host or '')[:100]!r} is not this viewer's address; looprl view answers only "
+                f"{names} (and the address given to --host), which blocks DNS rebinding"
+            )
+            self._send_json({"error": msg}, HTTPStatus.FORBIDDEN)
+            return
         url = urlsplit(self.path)
         if url.path in ROUTES:
             params = {k: vals[-1] for k, vals in parse_qs(url.query).items()}
@@ -188,18 +258,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def _api(self, fn: Callable[[Viewer, Params], Any], params: Params) -> None:
         try:
-            body = fn(self.server.viewer, params)
+            status, data = HTTPStatus.OK, encode_json(fn(self.server.viewer, params))
         except KeyError as e:
-            self._send_json({"error": str(e.args[0]) if e.args else "not found"}, 404)
-        except (ValueError, IndexError) as e:
-            self._send_json({"error": str(e)}, HTTPStatus.BAD_REQUEST)
+            status, data = HTTPStatus.NOT_FOUND, error_json(str(e.args[0]) if e.args else "")
+        except (ValueError, IndexError) as e:  # a bad parameter, or a malformed line asked for
+            status, data = HTTPStatus.BAD_REQUEST, error_json(str(e))
         except OSError as e:
-            self._send_json({"error": f"could not read the run: {e}"}, 500)
+            status, data = HTTPStatus.INTERNAL_SERVER_ERROR, error_json(f"could not read: {e}")
         except Exception as e:  # a viewer bug must show in the page, not kill the server
             traceback.print_exc(file=sys.stderr)
-            self._send_json({"error": f"internal error: {type(e).__name__}: {e}"}, 500)
-        else:
-            self._send_json(body, HTTPStatus.OK)
+            msg = f"internal error: {type(e).__name__}: {e}"
+            status, data = HTTPStatus.INTERNAL_SERVER_ERROR, error_json(msg)
+        self._send(data, "application/json; charset=utf-8", status)
 
     def _static(self, name: str) -> None:
         allowed = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
@@ -211,8 +281,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(path.read_bytes(), ctype, HTTPStatus.OK)
 
     def _send_json(self, body: Any, status: int) -> None:
-        data = json.dumps(clean_json(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
-        self._send(data, "application/json; charset=utf-8", status)
+        self._send(encode_json(body), "application/json; charset=utf-8", status)
 
     def _send(self, data: bytes, ctype: str, status: int) -> None:
         try:
@@ -220,6 +289,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Cache-Control", "no-store")
+            for name, value in SECURITY_HEADERS.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):

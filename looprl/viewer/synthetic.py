@@ -194,6 +194,47 @@ def write_episodes(path: Path, eps: list[EpisodeResult], encode: Encode) -> None
             f.write(ep.to_json() + "\n")
 
 
+def write_hostile_run(path: Path, payload: str, encode: Encode | None = None) -> Path:
+    """A one-step training run whose every string field from the files carries `payload`.
+
+    For security tests: `payload` (e.g. an `<img onerror=...>` tag) lands in task ids, env names,
+    prompts, answers, info, state, message text, tool names and ids, error kinds and messages, reward,
+    metric, timing and tool-error names, the stop reason, metric names in `metrics.jsonl`, and
+    `config.json`; the page must show all of it as text. Returns `path`.
+    """
+    enc: Encode = encode or (lambda s: [])
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"model": "tiny", "note": payload, "trainer": {"steps": 1, payload: payload}}
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    eps = []
+    for n in range(2):
+        task = Task(
+            id=f"{payload} task-{n}",
+            prompt=[Message("user", f"prompt {payload}")],
+            answer=payload,
+            info={payload: payload},
+            env=payload,
+        )
+        call = ToolCall(payload, {payload: payload}, id=payload, raw=payload)
+        msgs = [
+            Message("system", f"system {payload}"),
+            task.prompt[0],
+            Message("assistant", f"<think>{payload}</think>{payload}", [call], raw=payload),
+            Message("tool", payload, tool_call_id=payload, name=payload),
+            Message("assistant", f"answer {payload}"),
+        ]
+        ep = EpisodeResult(task=task, messages=msgs, rollout_index=n, num_turns=2)
+        ep.reward, ep.rewards, ep.metrics = 0.5 * n, {payload: 0.5 * n}, {payload: 1.0}
+        ep.state = {payload: payload}
+        ep.errors = [{"kind": payload, "message": payload}]
+        ep.tool_errors, ep.timings, ep.stop_reason = {payload: 1}, {payload: 0.25}, payload
+        eps.append(ep)
+    write_episodes(path / "rollouts" / "step_000001.jsonl", eps, enc)
+    rows = [{"step": s, f"{payload}/mean": 0.1 * s, payload: 0.2 * s} for s in (1, 2)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def hf_encoder(tok_dir: Path) -> Encode:
     """An `Encode` from a directory's `tokenizer.json` (no special-token insertion)."""
     from tokenizers import Tokenizer

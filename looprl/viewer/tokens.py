@@ -144,6 +144,14 @@ class TokenizerCache:
         for i in ids:
             s = cache.get(i)
             if s is None:
-                s = cache[i] = tok.decode([i])
+                s = cache[i] = _piece(tok, i)
             out.append(s)
         return out, note
+
+
+def _piece(tok: Decoder, i: int) -> str:
+    """The text of token `i`, or `[i]` when the tokenizer cannot decode it (an id out of range)."""
+    try:
+        return tok.decode([i])
+    except (OverflowError, ValueError, IndexError, KeyError, TypeError):
+        return f"[{i}]"

@@ -54,7 +54,7 @@ LV.app = (() => {
 
   function renderRunToggles() {
     const box = $("run-toggles");
-    box.innerHTML = "";
+    box.replaceChildren();
     st.runs.forEach((r, i) => {
       const cb = LV.el("input", { type: "checkbox", checked: st.shown.has(r.id), "data-run": r.id, onchange: async (e) => {
         if (e.target.checked) { st.shown.add(r.id); await pullMetrics(r.id); } else st.shown.delete(r.id);
@@ -86,8 +86,7 @@ LV.app = (() => {
     if (!rows.length) return;
     const keys = [...new Set(rows.flatMap((r) => Object.keys(r.summary)))].sort();
     const cell = (v) => (typeof v === "number" ? LV.charts.fmt(v) : JSON.stringify(v ?? "–"));
-    box.innerHTML = "";
-    box.append(LV.el("tr", {}, LV.el("th", {}, "eval"), keys.map((k) => LV.el("th", {}, k))));
+    box.replaceChildren(LV.el("tr", {}, LV.el("th", {}, "eval"), keys.map((k) => LV.el("th", {}, k))));
     for (const r of rows) box.append(LV.el("tr", {}, LV.el("td", {}, r.name), keys.map((k) => LV.el("td", {}, cell(r.summary[k])))));
   }
 
@@ -165,7 +164,7 @@ LV.app = (() => {
     if (!run) return;
     const res = await LV.api("tasks", { run, q, limit: 30 });
     const dl = $("task-ids");
-    dl.innerHTML = "";
+    dl.replaceChildren();
     for (const t of res.tasks) dl.append(LV.el("option", { value: t }));
   }
 

@@ -82,15 +82,24 @@ LV.charts = (() => {
     return points[lo];
   }
 
+  // The legend's sample of a series' line (colour and dash pattern come from PALETTE / DASHES).
+  function swatchLine(color, dash) {
+    const NS = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(NS, "svg"), line = document.createElementNS(NS, "line");
+    for (const [k, v] of Object.entries({ width: 20, height: 8 })) svg.setAttribute(k, v);
+    const attrs = { x1: 0, y1: 4, x2: 20, y2: 4, stroke: color, "stroke-width": 2.5, "stroke-dasharray": (dash || []).join(",") };
+    for (const [k, v] of Object.entries(attrs)) line.setAttribute(k, v);
+    svg.append(line);
+    return svg;
+  }
+
   class LineChart {
     constructor(parent, title) {
-      this.el = document.createElement("div");
-      this.el.className = "chart";
-      this.el.dataset.title = title;
-      this.el.innerHTML = `<h3></h3><div style="position:relative"><canvas></canvas><canvas class="overlay" style="position:absolute;left:0;top:0"></canvas></div><div class="legend"></div>`;
-      this.el.querySelector("h3").textContent = title;
-      [this.canvas, this.overlay] = this.el.querySelectorAll("canvas");
-      this.legend = this.el.querySelector(".legend");
+      this.canvas = document.createElement("canvas");
+      this.overlay = LV.el("canvas", { class: "overlay", style: "position:absolute;left:0;top:0" });
+      this.legend = LV.el("div", { class: "legend" });
+      this.el = LV.el("div", { class: "chart", "data-title": title },
+        LV.el("h3", {}, title), LV.el("div", { style: "position:relative" }, this.canvas, this.overlay), this.legend);
       this.series = [];
       this.hidden = new Set();
       this.xKind = "step";
@@ -110,13 +119,11 @@ LV.charts = (() => {
     }
 
     renderLegend() {
-      this.legend.innerHTML = "";
+      this.legend.replaceChildren();
       for (const s of this.series) {
         const span = document.createElement("span");
         span.className = this.hidden.has(s.name) ? "off" : "";
-        const dash = (s.dash || []).join(",");
-        span.innerHTML = `<svg width="20" height="8"><line x1="0" y1="4" x2="20" y2="4" stroke="${s.color}" stroke-width="2.5" stroke-dasharray="${dash}"/></svg>`;
-        span.append(s.label);
+        span.append(swatchLine(s.color, s.dash), s.label);
         span.onclick = () => {
           if (this.hidden.has(s.name)) this.hidden.delete(s.name); else this.hidden.add(s.name);
           this.renderLegend();
@@ -235,13 +242,15 @@ LV.charts = (() => {
         if (!p) continue;
         px = f.xp(p[0]);
         ctx.fillStyle = s.color; ctx.beginPath(); ctx.arc(px, f.yp(p[1]), 3.5, 0, 2 * Math.PI); ctx.fill();
-        rows.push(`<div><i class="swatch" style="background:${s.color}"></i> ${LV.esc(s.label)}: <b>${fmt(p[1])}</b> <span style="opacity:.7">@ ${this.xKind === "wall_time" ? fmtDuration(p[0]) : fmt(p[0])}</span></div>`);
+        const at = this.xKind === "wall_time" ? fmtDuration(p[0]) : fmt(p[0]);
+        rows.push(LV.el("div", { class: "tip-row" }, LV.el("i", { class: "swatch", style: `background:${s.color}` }),
+          LV.el("span", { class: "tip-label" }, s.label), ":", LV.el("b", {}, fmt(p[1])), LV.el("span", { class: "tip-at" }, `@ ${at}`)));
       }
       if (px !== null) {
         ctx.strokeStyle = "rgba(29,35,48,.35)"; ctx.beginPath();
         ctx.moveTo(px, M.top); ctx.lineTo(px, M.top + f.ph); ctx.stroke();
       }
-      LV.showTooltip(e.clientX, e.clientY, rows.join(""));
+      LV.showTooltip(e.clientX, e.clientY, rows);
     }
 
     unhover() {

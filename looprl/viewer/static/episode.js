@@ -8,10 +8,9 @@ LV.episode = (() => {
   const THINK = /<think>([\s\S]*?)(<\/think>|$)/g;
 
   function render(pane, data, opts) {
-    pane.innerHTML = "";
     const ep = data.episode;
     const body = opts.tokens ? tokenView(ep, data.tokens, data.tokenizer) : messagesView(ep, opts.raw);
-    pane.append(...[header(data, opts), facts(ep), problems(ep), taskBlock(ep.task || {}), body].filter(Boolean));
+    pane.replaceChildren(...[header(data, opts), facts(ep), problems(ep), taskBlock(ep.task || {}), body].filter(Boolean));
   }
 
   function header(data, opts) {
@@ -56,11 +55,14 @@ LV.episode = (() => {
   }
 
   function taskBlock(task) {
-    const prompt = (task.prompt || []).map((m) => `[${m.role}] ${m.content}`).join("\n\n");
+    const prompt = typeof task.prompt === "string" ? task.prompt
+      : (task.prompt || []).map((m) => `[${m.role}] ${m.content ?? ""}`).join("\n\n");
     const info = task.info && Object.keys(task.info).length ? JSON.stringify(task.info, null, 2) : null;
+    const answer = task.answer === null || task.answer === undefined ? "–"
+      : typeof task.answer === "string" ? task.answer : JSON.stringify(task.answer);
     return el("details", { class: "task" }, el("summary", {}, "task: prompt, answer, info"),
       el("pre", {}, prompt),
-      el("div", {}, el("b", {}, "answer: "), task.answer ?? "–"),
+      el("div", {}, el("b", {}, "answer: "), answer),
       info ? el("pre", {}, info) : null);
   }
 
@@ -155,10 +157,11 @@ LV.episode = (() => {
     if (!s) return;
     const t = ep.trajectories[+s.dataset.k], j = +s.dataset.j;
     const lp = (t.logprobs || [])[j] || 0;
-    LV.showTooltip(e.clientX, e.clientY,
-      `<div>id <b>${t.token_ids[j]}</b> · mask <b>${t.mask[j]}</b> · turn index ${(t.turns || [])[j] ?? "–"}</div>` +
-      `<div>logprob <b>${LV.charts.fmt(lp)}</b> (p = ${LV.charts.fmt(Math.exp(lp))})</div>` +
-      `<div>${LV.esc(JSON.stringify(s.textContent.replace(/↵\n/g, "\n")))}</div>`);
+    LV.showTooltip(e.clientX, e.clientY, [
+      el("div", {}, "id ", el("b", {}, (t.token_ids || [])[j] ?? "–"), " · mask ", el("b", {}, (t.mask || [])[j] ?? "–"),
+        ` · turn index ${(t.turns || [])[j] ?? "–"}`),
+      el("div", {}, "logprob ", el("b", {}, LV.charts.fmt(lp)), ` (p = ${LV.charts.fmt(Math.exp(lp))})`),
+      el("div", { class: "tip-text" }, JSON.stringify(s.textContent.replace(/↵\n/g, "\n")))]);
   }
 
   return { render };

@@ -15,7 +15,12 @@ LV.rollouts = (() => {
 
   function init() {
     $("filters").addEventListener("change", (e) => {
-      if (e.target.id === "f-run") { st.run = e.target.value; fillSteps(true); }
+      if (e.target.id === "f-run") {
+        st.run = e.target.value;
+        const run = runById(st.run);
+        $("f-source").value = run && run.kind === "eval" ? "eval" : "train"; // each run starts on its own kind
+        fillSteps(true);
+      }
       if (e.target.id === "f-source") fillSteps(true);
       st.offset = 0; query();
     });
@@ -80,25 +85,23 @@ LV.rollouts = (() => {
 
   function renderList(res) {
     const end = res.offset + res.items.length;
-    const run = runById(st.run);
-    const skipped = run ? run.skipped_total : 0;
-    $("page-info").textContent = res.total
-      ? `${res.offset + 1}–${end} of ${res.total}${res.complete ? "" : "+ (indexing…)"}${skipped ? ` · ${skipped} malformed lines skipped` : ""}`
-      : res.complete ? "no episodes match" : "indexing…";
+    const skipped = res.skipped ? ` · ${res.skipped} malformed line${res.skipped > 1 ? "s" : ""} skipped` : "";
+    $("page-info").textContent = (res.total
+      ? `${res.offset + 1}–${end} of ${res.total}${res.complete ? "" : "+ (indexing…)"}`
+      : res.complete ? "no episodes match" : "indexing…") + skipped;
     $("prev").disabled = res.offset === 0;
     $("next").disabled = end >= res.total;
     const rs = res.items.map((it) => it.reward).filter((r) => r !== null && r !== undefined);
     const lo = Math.min(...rs), hi = Math.max(...rs);
     const body = $("rollouts").querySelector("tbody");
-    body.innerHTML = "";
+    body.replaceChildren();
     for (const it of res.items) {
       const flags = [...(it.errors || []).map((k) => el("span", { class: "pill bad" }, k)),
         Object.values(it.tool_errors || {}).some((n) => n) ? el("span", { class: "pill warn" }, "tool err") : null,
-        it.truncated ? el("span", { class: "pill warn" }, "trunc") : null,
-        it.malformed ? el("span", { class: "pill bad", title: it.malformed }, "malformed") : null];
+        it.truncated ? el("span", { class: "pill warn" }, "trunc") : null];
       const tr = el("tr", { "data-file": it.file, "data-i": it.i, onclick: () => open(it), title: it.preview || "" },
         el("td", {}, it.step ?? "–"), el("td", {}, it.rollout_index ?? ""),
-        el("td", { class: "task" }, it.task_id ?? ""), el("td", {}, it.env ?? ""),
+        el("td", { class: "task" }, it.task_id ?? ""), el("td", { class: "env" }, it.env ?? ""),
         el("td", { class: "reward", style: `background:${LV.rewardColor(it.reward, lo, hi)}` }, LV.fmtReward(it.reward)),
         el("td", {}, it.num_turns ?? ""), el("td", {}, it.num_tool_calls ?? ""), el("td", {}, flags));
       if (st.selected && st.selected.file === it.file && st.selected.i === it.i) tr.classList.add("selected");
@@ -121,8 +124,7 @@ LV.rollouts = (() => {
         onCompare: () => LV.compare.open(st.run, it.file.split(":")[0], data.episode.task.id, data.step, it.rollout_index),
       });
     } catch (err) {
-      pane.innerHTML = "";
-      pane.append(el("div", { class: "errors" }, `could not open this episode: ${err.message}`));
+      pane.replaceChildren(el("div", { class: "errors" }, `could not open this episode: ${err.message}`));
     }
   }
 
@@ -170,7 +172,13 @@ LV.compare = (() => {
     if (!task) { $("c-status").textContent = "enter a task id"; return; }
     const gen = ++st.gen;
     clearTimeout(st.retry);
-    const res = await LV.api("rollouts", { run: $("c-run").value, source: $("c-source").value, task, step: "all", limit: 500 });
+    let res;
+    try {
+      res = await LV.api("rollouts", { run: $("c-run").value, source: $("c-source").value, task, step: "all", limit: 500 });
+    } catch (err) {
+      $("c-status").textContent = `error: ${err.message}`;
+      return;
+    }
     if (gen !== st.gen) return;
     st.byStep = new Map();
     for (const it of res.items) {
@@ -179,7 +187,8 @@ LV.compare = (() => {
       st.byStep.get(k).push(it);
     }
     const steps = [...st.byStep.keys()];
-    $("c-status").textContent = res.complete ? `${res.total} episodes of ${task} over ${steps.length} steps` : "indexing…";
+    const skipped = res.skipped ? ` · ${res.skipped} malformed line${res.skipped > 1 ? "s" : ""} skipped` : "";
+    $("c-status").textContent = (res.complete ? `${res.total} episodes of ${task} over ${steps.length} steps` : "indexing…") + skipped;
     const [a, b] = sides();
     const opts = steps.map((s) => [s, s === "-" ? "(no step)" : `step ${s}`]);
     // Left: the given step (or the earliest); right: the latest. Earlier step always on the left.
@@ -205,15 +214,14 @@ LV.compare = (() => {
     const items = st.byStep.get(side.querySelector(".c-step").value) || [];
     const it = items[+side.querySelector(".c-roll").value || 0];
     const pane = side.querySelector(".episode-pane");
-    if (!it) { pane.innerHTML = '<p class="empty">No episode of this task at this step.</p>'; return; }
+    if (!it) { pane.replaceChildren(el("p", { class: "empty" }, "No episode of this task at this step.")); return; }
     try {
       const data = await LV.api("episode", { run: $("c-run").value, file: it.file, i: it.i, tokens: st.tokens ? 1 : 0 });
       LV.episode.render(pane, data, { tokens: st.tokens, raw: st.raw, onChange: (p) => {
         Object.assign(st, p); $("c-tokens").checked = st.tokens; sides().forEach(show);
       } });
     } catch (err) {
-      pane.innerHTML = "";
-      pane.append(el("div", { class: "errors" }, err.message));
+      pane.replaceChildren(el("div", { class: "errors" }, err.message));
     }
   }
 

@@ -1,8 +1,11 @@
-// looprl view: small shared helpers (escaping, DOM building, JSON fetch, tooltip).
+// looprl view: small shared helpers (DOM building, JSON fetch, tooltip).
+//
+// Everything the API returns comes from run files, which may be crafted: it reaches the page
+// only as text (LV.el appends strings as text nodes, attributes are set with setAttribute). No
+// code here builds HTML from strings or uses a DOM call that parses HTML (tests/test_viewer.py
+// checks static/ for them); the server's Content-Security-Policy also forbids inline scripts.
 "use strict";
 window.LV = window.LV || {};
-
-LV.esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 
 // el("div", {class: "x", onclick: fn}, child, "text", ...) -> HTMLElement
 LV.el = (tag, attrs, ...kids) => {
@@ -26,10 +29,12 @@ LV.api = async (path, params) => {
   return body;
 };
 
-LV.showTooltip = (x, y, html) => {
+// Show `nodes` (an element or a list of elements built with LV.el) in the tooltip at (x, y).
+LV.showTooltip = (x, y, nodes) => {
   const t = document.getElementById("tooltip");
-  if (!html) { t.hidden = true; return; }
-  t.innerHTML = html;
+  const kids = [nodes].flat().filter(Boolean);
+  if (!kids.length) { t.hidden = true; return; }
+  t.replaceChildren(...kids);
   t.hidden = false;
   const r = t.getBoundingClientRect();
   t.style.left = Math.min(x + 14, window.innerWidth - r.width - 8) + "px";
@@ -42,7 +47,7 @@ LV.fmtReward = (r) => (r === null || r === undefined ? "–" : LV.charts.fmt(r))
 
 // Background colour for a reward cell: red (low) to green (high) within [lo, hi].
 LV.rewardColor = (r, lo, hi) => {
-  if (r === null || r === undefined || !(hi > lo)) return "";
+  if (typeof r !== "number" || !(hi > lo)) return "";
   const t = Math.max(0, Math.min(1, (r - lo) / (hi - lo)));
   return `hsl(${Math.round(t * 120)}, 65%, 90%)`;
 };
@@ -52,7 +57,7 @@ LV.fillSelect = (sel, options, keep) => {
   const same = sel.options.length === options.length &&
     options.every(([v, l], i) => sel.options[i].value === v && sel.options[i].textContent === l);
   if (!same) {
-    sel.innerHTML = "";
+    sel.replaceChildren();
     for (const [v, l] of options) sel.append(LV.el("option", { value: v }, l));
   }
   if (keep !== null && keep !== undefined && options.some(([v]) => v === keep)) sel.value = keep;
