@@ -122,7 +122,7 @@ def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, step
         t.resumes += bool(attempt)
         log = (out / f"{name}.log").open("a")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV)
-        kill_at = rng.uniform(8, 60) if rng.random() < 0.6 and attempt < 8 else None
+        kill_at = rng.uniform(4, 20) if rng.random() < 0.6 and attempt < 8 else None
         try:
             rc = proc.wait(timeout=kill_at if kill_at is not None else 900)
         except subprocess.TimeoutExpired:

@@ -36,7 +36,7 @@ def _every(text: str, n: int, salt: str) -> bool:
 
 
 def load_environment(
-    hang_every: int = 25, garble_every: int = 20, raise_every: int = 15, **kwargs: Any
+    hang_every: int = 10, garble_every: int = 6, raise_every: int = 15, **kwargs: Any
 ) -> ToolEnv:
     """The faulty calculator (see the module doc); rates are 1-in-N, 0 turns a fault off."""
 
