@@ -370,7 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Local web page with a run's curves and rollouts (read-only).",
     )
     ap.add_argument("paths", nargs="+", type=Path, help="run dirs, folders of runs, eval dirs")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: loopback); requests must name it or a loopback name "
+        "in their Host header",
+    )
     ap.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     ap.add_argument("--open", action="store_true", help="open the page in a browser")
     return ap
