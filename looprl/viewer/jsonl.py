@@ -350,15 +350,19 @@ class EpisodeFile(JsonlIndex):
         except LINE_ERRORS as e:
             problem = str(e)
         if problem:
-            raise MalformedRow(self._mark_malformed(i, problem))
+            raise MalformedRow(self._mark_malformed(i, offset, problem))
         with self.lock:
-            if i < len(self.flags):
+            if self._same_line(i, offset):
                 self.flags[i] |= FLAG_CHECKED
         return obj
 
-    def _mark_malformed(self, i: int, problem: str) -> str:
+    def _same_line(self, i: int, offset: int) -> bool:
+        """Whether entry `i` still points at `offset` (False after a reset for a new file)."""
+        return i < len(self.offsets) and self.offsets[i] == offset
+
+    def _mark_malformed(self, i: int, offset: int, problem: str) -> str:
         with self.lock:
-            if i >= len(self.offsets):  # the index was reset (file replaced) meanwhile
+            if not self._same_line(i, offset):  # the file was replaced while we read it
                 return f"episode {i} of {self.path.name}: {problem}"
             line_no = self.line_nos[i]
             why = f"line {line_no} of {self.path.name} is not a valid episode: {problem}"
