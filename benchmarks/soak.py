@@ -193,12 +193,9 @@ def eval_cycle(i: int, out: Path, rng: random.Random, t: Tally) -> None:
         with (out / f"{name}.log").open("a") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV)
             try:
-                if attempt == 0:
-                    try:
-                        proc.wait(timeout=rng.uniform(1.5, 4.0))
-                    except subprocess.TimeoutExpired:
-                        srv.stop()  # the server dies under the running eval
-                        t.server_deaths += 1
+                if attempt == 0 and _served(srv, proc, rng.randint(10, 120)):
+                    srv.stop()  # the server dies under the running eval
+                    t.server_deaths += 1
                 rc = proc.wait(timeout=600)
             except subprocess.TimeoutExpired:
                 proc.kill()
@@ -211,6 +208,15 @@ def eval_cycle(i: int, out: Path, rng: random.Random, t: Tally) -> None:
             return
     t.runs_lost += 1
     t.lost.append(f"{name}: did not finish (see {name}.log)")
+
+
+def _served(srv: Any, proc: subprocess.Popen[bytes], n: int) -> bool:
+    """Wait until `srv` has answered `n` requests (True) or `proc` has ended (False)."""
+    while proc.poll() is None:
+        if srv.request_count >= n:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _verify_eval(run_dir: Path, t: Tally, name: str) -> None:
