@@ -184,19 +184,31 @@ def _bind_readonly(source: str, target: str) -> None:
     mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _statvfs_flags(source))
 
 
+def _mirror_links(newroot: str, path: str) -> str:
+    """Recreate in `newroot` every symlink met on the way to `path` (a `/lib -> usr/lib`, a
+    virtualenv that is a link to elsewhere); returns the resolved path, where the bind goes."""
+    current = ""
+    for part in path.strip("/").split("/"):
+        current += "/" + part
+        if os.path.islink(current):
+            link = newroot + current
+            if not os.path.lexists(link):
+                os.makedirs(os.path.dirname(link), mode=0o755, exist_ok=True)
+                os.symlink(os.readlink(current), link)
+            current = os.path.realpath(current)
+    return current
+
+
 def _populate_root(newroot: str, needed: list[str], fresh_proc: bool) -> int:
-    """Mirror each needed path into `newroot` (symlinks as symlinks, the rest as read-only binds)."""
+    """Mirror each needed path into `newroot`: the symlinks on its way as symlinks, the
+    directory or file they lead to as a read-only bind at its real path."""
     bound: list[str] = []
-    for path in sorted(set(needed), key=len):
-        if any(path == b or path.startswith(b.rstrip("/") + "/") for b in bound):
+    for path in sorted(set(needed), key=lambda p: (len(os.path.realpath(p)), p)):
+        real = _mirror_links(newroot, path)
+        if any(real == b or real.startswith(b.rstrip("/") + "/") for b in bound):
             continue
-        target = newroot + path
-        if os.path.islink(path):
-            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-            os.symlink(os.readlink(path), target)
-            continue
-        _bind_readonly(os.path.realpath(path), target)
-        bound.append(path)
+        _bind_readonly(real, newroot + real)
+        bound.append(real)
     os.makedirs(newroot + "/proc", mode=0o555)
     if fresh_proc:  # a /proc of our own PID namespace: only the worker's processes are listed
         mount("proc", newroot + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
