@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from looprl.engines.base import Engine, GenerationRequest
-from looprl.envs.base import Environment, Limits
+from looprl.engines.base import Engine
+from looprl.envs.base import Environment, Limits, StepOutcome
 from looprl.rendering.renderer import Renderer
-from looprl.types import EpisodeResult, Message, SamplingParams, Task, Trajectory
+from looprl.transcript import MessageTranscript, TokenTranscript, Transcript
+from looprl.types import EpisodeResult, Message, SamplingParams, StopReason, Task
 
 
 @dataclass
@@ -45,31 +46,21 @@ async def rollout(
 ) -> EpisodeResult:
     """Run one episode and return its (unscored) result; never raises for engine or env failures."""
     config = config or RolloutConfig()
-    sub_env = env.for_task(task)  # a mixture hands each task to its own environment
-    if sub_env is not env and renderer is not None:
-        renderer = Renderer(renderer.tokenizer, sub_env.tool_schemas)  # offer that task's tools
-    env = sub_env
+    env = env.for_task(task)  # a mixture hands each task to its own environment
     result = EpisodeResult(task=task, messages=list(task.prompt), rollout_index=rollout_index)
     start = time.perf_counter()
     state: dict[str, Any] = {}
     try:
         state = await env.setup_state(task)
+        transcript = _transcript(env, engine, renderer, result)
         await asyncio.wait_for(
-            _episode_loop(env, engine, renderer, config, result, state),
+            _episode_loop(env, engine, transcript, config, result, state),
             timeout=env.limits.timeout_s,
         )
     except TimeoutError:
-        result.truncated = True
-        result.stop_reason = "timeout"
-        result.errors.append(
-            {
-                "kind": "infra",
-                "message": f"episode exceeded its timeout of {env.limits.timeout_s} s",
-            }
-        )
+        _stop(result, "timeout", infra=f"episode exceeded its timeout of {env.limits.timeout_s} s")
     except Exception as exc:  # an environment bug must not take the batch down
-        result.stop_reason = "error"
-        result.errors.append({"kind": "rollout", "message": f"{type(exc).__name__}: {exc}"})
+        _stop(result, "error", error=f"{type(exc).__name__}: {exc}")
     finally:
         try:
             await env.cleanup_state(state)
@@ -83,89 +74,84 @@ async def rollout(
     return result
 
 
+def _transcript(
+    env: Environment, engine: Engine, renderer: Renderer | None, result: EpisodeResult
+) -> Transcript:
+    """Token-exact when the engine samples token ids and a renderer is given; else messages."""
+    limit = env.limits.max_context_tokens
+    if engine.token_level and renderer is not None:
+        return TokenTranscript(result, env.tool_schemas, limit, renderer)
+    return MessageTranscript(result, env.tool_schemas, limit)
+
+
 async def _episode_loop(
     env: Environment,
     engine: Engine,
-    renderer: Renderer | None,
+    transcript: Transcript,
     config: RolloutConfig,
     result: EpisodeResult,
     state: dict[str, Any],
 ) -> None:
     """The turn loop; mutates `result` as it goes so a timeout keeps the partial episode."""
     limits = env.limits
-    token_level = engine.token_level and renderer is not None
-    messages = result.messages
-    segment = Trajectory()
-    result.trajectories.append(segment)
-    if token_level:
-        assert renderer is not None
-        segment.extend(renderer.prompt_ids(messages), sampled=False, turn=0)
     turn = 0
     while True:
-        budget = min(limits.max_tokens_per_turn, limits.max_context_tokens - len(segment))
-        if token_level and budget <= 0:
-            result.truncated, result.stop_reason = True, "max_context"
-            if turn == 0:  # nothing was generated: there is nothing to score or train on
-                result.errors.append({"kind": "rollout", "message": _no_room(len(segment), limits)})
-            break
+        budget = min(limits.max_tokens_per_turn, transcript.room())
+        if budget <= 0:  # only a token-exact context can fill up
+            no_room = _no_room(limits.max_context_tokens - budget, limits) if turn == 0 else None
+            return _stop(result, "max_context", error=no_room)
         sampling = _turn_sampling(config, result, turn, budget)
-        request = GenerationRequest(
-            prompt_ids=list(segment.token_ids) if token_level else None,
-            messages=list(messages),
-            tools=env.tool_schemas,
-            sampling=sampling,
-        )
         t0 = time.perf_counter()
-        gen = await engine.generate(request)
-        result.timings["generate"] = result.timings.get("generate", 0.0) + time.perf_counter() - t0
+        gen = await engine.generate(transcript.request(sampling))
+        _add_time(result, "generate", t0)
         if gen.finish_reason == "error":
-            result.stop_reason = "error"
-            result.errors.append({"kind": "infra", "message": f"engine: {gen.error}"})
-            break
-        if token_level:
-            assert renderer is not None
-            segment.extend(gen.token_ids, sampled=True, turn=turn, logprobs=gen.logprobs)
-            text = renderer.decode(gen.token_ids)
-        else:
-            text = gen.text
+            return _stop(result, "error", infra=f"engine: {gen.error}")
+        text = transcript.add_sampled(gen, turn)
         parsed = env.parser.parse(text)
-        if gen.tool_calls:  # message-level engines return structured calls
-            parsed.calls = parsed.calls + gen.tool_calls
-        messages.append(
+        parsed.calls = (
+            parsed.calls + gen.tool_calls
+        )  # message-level engines return structured calls
+        result.messages.append(
             Message(role="assistant", content=parsed.content, tool_calls=parsed.calls, raw=text)
         )
-        turn += 1
-        result.num_turns = turn
+        turn = result.num_turns = turn + 1
         if gen.finish_reason == "length":
-            context_bound = token_level and budget < limits.max_tokens_per_turn
-            result.truncated, result.stop_reason = (
-                True,
-                "max_context" if context_bound else "max_tokens",
-            )
-            break
+            by_context = transcript.exact and budget < limits.max_tokens_per_turn
+            return _stop(result, "max_context" if by_context else "max_tokens")
         t0 = time.perf_counter()
-        outcome = await env.step(messages, parsed, state)
-        result.timings["env"] = result.timings.get("env", 0.0) + time.perf_counter() - t0
-        result.num_tool_calls += outcome.num_tool_calls
-        result.errors.extend({"kind": "infra", "message": m} for m in outcome.infra_errors)
-        for kind, count in outcome.tool_errors.items():
-            result.tool_errors[kind] = result.tool_errors.get(kind, 0) + count
+        outcome = await env.step(result.messages, parsed, state)
+        _add_time(result, "env", t0)
+        _record(result, outcome)
         if outcome.done or not outcome.messages:
-            result.stop_reason = "done"
-            break
+            return _stop(result, "done")
         if turn >= limits.max_turns:
-            result.truncated, result.stop_reason = True, "max_turns"
-            break
-        before = list(messages)
-        messages.extend(outcome.messages)
-        if token_level:
-            assert renderer is not None
-            segment, appended = _append_env_turn(
-                renderer, before, messages, gen.token_ids, result, turn, limits.max_context_tokens
-            )
-            if not appended:
-                result.truncated, result.stop_reason = True, "max_context"
-                break
+            return _stop(result, "max_turns")
+        if not transcript.add_env_turn(outcome.messages, turn):
+            return _stop(result, "max_context")
+
+
+def _stop(
+    result: EpisodeResult, reason: StopReason, *, error: str | None = None, infra: str | None = None
+) -> None:
+    """End the episode: its stop reason, whether a limit cut it, and an error record if any."""
+    result.stop_reason = reason
+    result.truncated = reason in ("max_turns", "max_tokens", "max_context", "timeout")
+    if error is not None:
+        result.errors.append({"kind": "rollout", "message": error})
+    if infra is not None:
+        result.errors.append({"kind": "infra", "message": infra})
+
+
+def _record(result: EpisodeResult, outcome: StepOutcome) -> None:
+    """Add a step's tool calls, tool errors by kind and infrastructure faults to the episode."""
+    result.num_tool_calls += outcome.num_tool_calls
+    for kind, count in outcome.tool_errors.items():
+        result.tool_errors[kind] = result.tool_errors.get(kind, 0) + count
+    result.errors.extend({"kind": "infra", "message": m} for m in outcome.infra_errors)
+
+
+def _add_time(result: EpisodeResult, phase: str, since: float) -> None:
+    result.timings[phase] = result.timings.get(phase, 0.0) + time.perf_counter() - since
 
 
 def _no_room(prompt_tokens: int, limits: Limits) -> str:
@@ -174,34 +160,6 @@ def _no_room(prompt_tokens: int, limits: Limits) -> str:
         f"max_context_tokens={limits.max_context_tokens}; shorten the prompt or raise the "
         "environment's max_context_tokens"
     )
-
-
-def _append_env_turn(
-    renderer: Renderer,
-    before: list[Message],
-    after: list[Message],
-    sampled_ids: list[int],
-    result: EpisodeResult,
-    turn: int,
-    max_context: int,
-) -> tuple[Trajectory, bool]:
-    """Extend the current segment with glue + suffix (mask 0), or start a new one on a template break.
-
-    Returns the segment to continue and whether the environment turn was appended: a turn that
-    would not leave room to generate within `max_context` is not, and the caller stops.
-    """
-    segment = result.trajectories[-1]
-    ext = renderer.extend(before, after, sampled_ids)
-    if ext.ok:
-        new_ids = ext.glue_ids + ext.suffix_ids
-        if len(segment) + len(new_ids) >= max_context:
-            return segment, False
-        segment.extend(new_ids, sampled=False, turn=turn)
-        return segment, True
-    new_segment = Trajectory()
-    new_segment.extend(ext.full_ids, sampled=False, turn=turn)
-    result.trajectories.append(new_segment)
-    return new_segment, True
 
 
 def _turn_sampling(
@@ -252,10 +210,11 @@ async def run_groups(
     sem = asyncio.Semaphore(max_concurrent_groups)
 
     async def one(task: Task, indices: list[int]) -> list[EpisodeResult]:
+        sub = env.for_task(task)  # resolved once per group (a mixture's own environment)
         async with sem:
             eps = await asyncio.gather(
                 *(
-                    rollout(env, engine, task, renderer=renderer, config=config, rollout_index=i)
+                    rollout(sub, engine, task, renderer=renderer, config=config, rollout_index=i)
                     for i in indices
                 )
             )
@@ -263,7 +222,7 @@ async def run_groups(
             t0 = time.perf_counter()
             scorable = [ep for ep in out if not ep.rollout_error]
             if scorable:
-                await env.for_task(task).rubric.score_group(scorable)
+                await sub.rubric.score_group(scorable)
             for ep in out:
                 ep.timings["score"] = (time.perf_counter() - t0) / max(1, len(out))
         if on_group is not None:

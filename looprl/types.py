@@ -14,6 +14,10 @@ from looprl import safe_json
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "error"]
+StopReason = Literal["", "done", "max_turns", "max_tokens", "max_context", "timeout", "error"]
+"""Why an episode ended ("" until it has): the environment said done, a limit cut it
+(`max_turns`, `max_tokens` per turn, `max_context_tokens`, the wall-clock `timeout`), or an
+engine or environment `error`."""
 
 
 @dataclass
@@ -223,7 +227,7 @@ class EpisodeResult:
     num_turns: int = 0
     num_tool_calls: int = 0
     truncated: bool = False
-    stop_reason: str = ""
+    stop_reason: StopReason = ""
     timings: dict[str, float] = field(default_factory=dict)
     rollout_index: int = 0
     state: dict[str, Any] = field(default_factory=dict)

@@ -38,10 +38,18 @@ class Extension:
     full_ids: list[int]
 
 
-class Renderer:
-    """Renders messages to token ids with a tokenizer's chat template (offering `tools`)."""
+Tools = list[dict[str, Any]]
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+
+class Renderer:
+    """Renders messages to token ids with a tokenizer's chat template.
+
+    The tools offered to the model are given per call (`tools=`), so one renderer serves every
+    environment of a mixture; `tools` given to the constructor are the default for calls that
+    pass none (convenient for SFT data and tests).
+    """
+
+    def __init__(self, tokenizer: Any, tools: Tools | None = None) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template; load the model with looprl.models.load_model "
@@ -51,11 +59,14 @@ class Renderer:
         self.tools = tools or []
         self.closing = self._assistant_closing()
 
-    def render_text(self, messages: list[Message], *, add_generation_prompt: bool) -> str:
-        """The chat template's text for `messages` (tools offered when the renderer has any)."""
+    def render_text(
+        self, messages: list[Message], *, add_generation_prompt: bool, tools: Tools | None = None
+    ) -> str:
+        """The chat template's text for `messages`, offering `tools` (default: the renderer's)."""
+        offered = self.tools if tools is None else tools
         kwargs: dict[str, Any] = {}
-        if self.tools:
-            kwargs["tools"] = self.tools
+        if offered:
+            kwargs["tools"] = offered
         text = self.tokenizer.apply_chat_template(
             [m.to_template() for m in messages],
             tokenize=False,
@@ -68,28 +79,35 @@ class Renderer:
         """Token ids of template text (special tokens in the text are matched, none added)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def render_ids(self, messages: list[Message], *, add_generation_prompt: bool) -> list[int]:
+    def render_ids(
+        self, messages: list[Message], *, add_generation_prompt: bool, tools: Tools | None = None
+    ) -> list[int]:
         """Token ids of the rendered conversation."""
-        return self.encode(self.render_text(messages, add_generation_prompt=add_generation_prompt))
+        text = self.render_text(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return self.encode(text)
 
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
+    def prompt_ids(self, messages: list[Message], tools: Tools | None = None) -> list[int]:
         """Ids of a conversation ready for the next assistant turn."""
-        return self.render_ids(messages, add_generation_prompt=True)
+        return self.render_ids(messages, add_generation_prompt=True, tools=tools)
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids without special tokens (for parsing and display only)."""
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def extend(
-        self, before: list[Message], after: list[Message], sampled_ids: list[int]
+        self,
+        before: list[Message],
+        after: list[Message],
+        sampled_ids: list[int],
+        tools: Tools | None = None,
     ) -> Extension:
         """Compute glue and suffix ids after the assistant turn that ends `before`.
 
         `before` ends with the assistant message whose tokens were `sampled_ids`; `after` is
         `before` plus the environment's new messages.
         """
-        prev_ids = self.render_ids(before, add_generation_prompt=False)
-        full_ids = self.render_ids(after, add_generation_prompt=True)
+        prev_ids = self.render_ids(before, add_generation_prompt=False, tools=tools)
+        full_ids = self.render_ids(after, add_generation_prompt=True, tools=tools)
         if full_ids[: len(prev_ids)] != prev_ids:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))

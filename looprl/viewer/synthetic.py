@@ -117,7 +117,7 @@ def _episode(
     ep.rewards = {"correct": float(right), "format": 1.0 if rng.random() < 0.9 else 0.0}
     ep.reward = ep.rewards["correct"] + 0.1 * ep.rewards["format"]
     ep.num_turns, ep.num_tool_calls = 2, 1
-    ep.stop_reason = "stop"
+    ep.stop_reason = "done"
     if bad_tool:
         ep.tool_errors = {"exception": 1}
     if rng.random() < 0.05:
@@ -227,7 +227,8 @@ def write_hostile_run(path: Path, payload: str, encode: Encode | None = None) ->
         ep.reward, ep.rewards, ep.metrics = 0.5 * n, {payload: 0.5 * n}, {payload: 1.0}
         ep.state = {payload: payload}
         ep.errors = [{"kind": payload, "message": payload}]
-        ep.tool_errors, ep.timings, ep.stop_reason = {payload: 1}, {payload: 0.25}, payload
+        ep.tool_errors, ep.timings = {payload: 1}, {payload: 0.25}
+        ep.stop_reason = payload  # type: ignore[assignment]  # a hostile file, not a real reason
         eps.append(ep)
     write_episodes(path / "rollouts" / "step_000001.jsonl", eps, enc)
     rows = [{"step": s, f"{payload}/mean": 0.1 * s, payload: 0.2 * s} for s in (1, 2)]
