@@ -175,7 +175,7 @@ def masked_logprobs(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Te
     The output projection runs on trained positions only, chunk by chunk (as in the RL update),
     so memory does not grow with vocabulary x sequence length.
     """
-    from looprl.algorithms.kl import head_logprobs_entropy
+    from looprl.algorithms.logprobs import head_logprobs_entropy
     from looprl.trainer.batch import decoder_and_head
 
     ids, attn, mask = _pad(batch, next(model.parameters()).device)

@@ -14,7 +14,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from looprl.algorithms.kl import entropy_from_logits, head_logprobs_entropy, logprobs_from_logits
+from looprl.algorithms.logprobs import (
+    entropy_from_logits,
+    head_logprobs_entropy,
+    logprobs_from_logits,
+)
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.trainer import batch as B
 from looprl.trainer import update as U

@@ -6,6 +6,7 @@ and call `group_advantages` once per batch and `policy_objective` once per micro
 
 from looprl.algorithms.advantages import (
     ADVANTAGES,
+    AdvantageFn,
     batch_whitened,
     broadcast_to_tokens,
     gae,
@@ -17,6 +18,7 @@ from looprl.algorithms.advantages import (
 )
 from looprl.algorithms.aggregation import (
     AGGREGATIONS,
+    AggregationFn,
     batch_normalizer,
     constant_normalizer,
     sequence_mean,
@@ -24,14 +26,25 @@ from looprl.algorithms.aggregation import (
 )
 from looprl.algorithms.kl import (
     KL_ESTIMATORS,
-    entropy_from_logits,
+    KLFn,
     kl_k1,
     kl_k3,
-    logprobs_from_logits,
     mismatch_kl,
     truncated_importance_weights,
 )
-from looprl.algorithms.losses import POLICY_LOSSES, cispo, clipped_token, gspo, reinforce
+from looprl.algorithms.logprobs import (
+    entropy_from_logits,
+    head_logprobs_entropy,
+    logprobs_from_logits,
+)
+from looprl.algorithms.losses import (
+    POLICY_LOSSES,
+    PolicyLossFn,
+    cispo,
+    clipped_token,
+    gspo,
+    reinforce,
+)
 from looprl.algorithms.objective import GroupAdvantages, group_advantages, policy_objective
 from looprl.algorithms.overlong import mask_truncated, overlong_penalty
 from looprl.algorithms.presets import PRESETS, AlgorithmConfig, resolve_algorithm
@@ -43,8 +56,12 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "PRESETS",
+    "AdvantageFn",
+    "AggregationFn",
     "AlgorithmConfig",
     "GroupAdvantages",
+    "KLFn",
+    "PolicyLossFn",
     "batch_normalizer",
     "batch_whitened",
     "broadcast_to_tokens",
@@ -58,6 +75,7 @@ __all__ = [
     "group_mean",
     "group_normalized",
     "gspo",
+    "head_logprobs_entropy",
     "kl_k1",
     "kl_k3",
     "leave_one_out",

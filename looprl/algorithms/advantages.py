@@ -7,12 +7,16 @@ tokens. `gae` is the token-level estimator PPO uses with a value head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-AdvantageFn = Callable[..., Tensor]
+
+class AdvantageFn(Protocol):
+    """A sequence-level estimator, an entry of ADVANTAGES: rewards (N, G) -> advantages (N, G)."""
+
+    def __call__(self, rewards: Tensor, *, eps: float = ...) -> Tensor: ...
 
 
 def _check_groups(rewards: Tensor) -> None:

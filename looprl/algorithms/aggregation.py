@@ -19,10 +19,17 @@ gradients over ranks, so multiply each rank's loss by the world size to keep the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from torch import Tensor
 
-AggregationFn = Callable[..., Tensor]
+
+class AggregationFn(Protocol):
+    """A loss aggregation, an entry of AGGREGATIONS: (B, T) loss tokens and mask -> scalar ()."""
+
+    def __call__(
+        self, loss_tokens: Tensor, mask: Tensor, *, normalizer: float | None = None
+    ) -> Tensor: ...
 
 
 def token_mean(loss_tokens: Tensor, mask: Tensor, *, normalizer: float | None = None) -> Tensor:

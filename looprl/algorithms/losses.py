@@ -10,12 +10,25 @@ stats: clip fractions (low, high, total) and ratio mean/min/max over trained tok
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+class PolicyLossFn(Protocol):
+    """A per-token policy loss, an entry of POLICY_LOSSES (signature in the module docstring)."""
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        eps_low: float = ...,
+        eps_high: float = ...,
+    ) -> tuple[Tensor, dict[str, float]]: ...
 
 
 @torch.no_grad()

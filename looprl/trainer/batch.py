@@ -174,7 +174,7 @@ def forward_logprobs(
     nor the tools' tokens pay for the vocabulary. The entropy carries gradient only with
     `entropy_grad` (needed for an entropy bonus).
     """
-    from looprl.algorithms.kl import head_logprobs_entropy
+    from looprl.algorithms.logprobs import head_logprobs_entropy
 
     sel = batch.loss_mask > 0  # (B, T-1)
     parts = decoder_and_head(model)
