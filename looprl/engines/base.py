@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from looprl.types import Generation, Message, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -40,4 +44,25 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Release resources (threads, connections)."""
+        ...
+
+
+@runtime_checkable
+class TrainableEngine(Engine, Protocol):
+    """An engine the trainer drives: it samples from the policy being trained.
+
+    `policy_version` is the optimizer step whose weights the engine samples from (0 before the
+    first update). After each step the trainer calls `sync_weights` with the new weights: a
+    mapping of parameter name to tensor (adapters merged in), or None when the engine samples
+    from the trainer's own tensors, which the optimizer already changed in place. The trainer
+    never needs to know which engine it drives. (An engine that hot-loads LoRA adapters, a
+    vLLM server, will add an adapter method beside this one.)
+    """
+
+    policy_version: int
+
+    def sync_weights(
+        self, weights: Mapping[str, torch.Tensor] | None, *, version: int | None = None
+    ) -> None:
+        """Sample from `weights` (None: the shared tensors) from now on, as policy `version`."""
         ...

@@ -1,11 +1,18 @@
-"""Build an engine from a model name or a server URL (the CLI's `--model` / `--base-url`)."""
+"""Build engines: one factory for `looprl eval`, `looprl train` and the demo.
+
+`make_engine` builds an engine of a given kind around what the caller already has (an
+in-process model, or a server URL); `make_policy` is the command line's path: it loads the
+model named by `--model` first (or points at `--base-url`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from looprl.engines.base import Engine
+from looprl.engines.base import Engine, TrainableEngine
+
+EngineKind = Literal["torch", "openai"]
 
 
 @dataclass
@@ -16,6 +23,46 @@ class Policy:
     model: Any = None
     tokenizer: Any = None
     name: str = ""
+
+
+def make_engine(
+    kind: EngineKind,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    model_name: str = "",
+    base_url: str | None = None,
+    api_key: str | None = None,
+    max_concurrency: int = 32,
+    max_batch_size: int = 64,
+    seed: int = 0,
+) -> Engine:
+    """An engine of `kind`: `torch` samples in process from `model`; `openai` talks to `base_url`
+    (message level, serving `model_name`)."""
+    if kind == "openai":
+        if not base_url:
+            raise ValueError("an openai engine needs base_url (the server's /v1 URL)")
+        from looprl.engines.openai_engine import OpenAIEngine
+
+        return OpenAIEngine(base_url, model_name, api_key=api_key, max_concurrency=max_concurrency)
+    if kind == "torch":
+        if model is None or tokenizer is None:
+            raise ValueError("a torch engine needs the model and tokenizer it samples from")
+        from looprl.engines.torch_engine import TorchEngine
+
+        return TorchEngine(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+    raise ValueError(f"unknown engine kind {kind!r}; choose one of ['openai', 'torch']")
+
+
+def make_trainable_engine(kind: EngineKind, **kwargs: Any) -> TrainableEngine:
+    """`make_engine` for the trainer: the engine must take weight updates (`TrainableEngine`)."""
+    engine = make_engine(kind, **kwargs)
+    if not isinstance(engine, TrainableEngine):
+        raise ValueError(
+            f"the {kind!r} engine cannot be trained (it takes no weight updates); train with the "
+            "torch engine"
+        )
+    return engine
 
 
 def make_policy(
@@ -33,13 +80,15 @@ def make_policy(
     `model` is `tiny`, `smollm2-135m`, or a local Hugging Face model directory.
     """
     if base_url:
-        from looprl.engines.openai_engine import OpenAIEngine
-
-        engine = OpenAIEngine(base_url, model, api_key=api_key, max_concurrency=max_concurrency)
+        engine = make_engine(
+            "openai", model_name=model, base_url=base_url, api_key=api_key,
+            max_concurrency=max_concurrency,
+        )  # fmt: skip
         return Policy(engine=engine, name=model)
-    from looprl.engines.torch_engine import TorchEngine
     from looprl.models.loading import load_model
 
     hf_model, tokenizer = load_model(model, device=device)
-    torch_engine = TorchEngine(hf_model, tokenizer, max_batch_size=max_batch_size, seed=seed)
-    return Policy(engine=torch_engine, model=hf_model, tokenizer=tokenizer, name=model)
+    engine = make_engine(
+        "torch", model=hf_model, tokenizer=tokenizer, max_batch_size=max_batch_size, seed=seed
+    )
+    return Policy(engine=engine, model=hf_model, tokenizer=tokenizer, name=model)

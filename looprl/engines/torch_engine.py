@@ -138,6 +138,7 @@ class TorchEngine:
         self.vocab_size = int(hf_model.get_input_embeddings().weight.shape[0])
         self.backend: KVBackend = self._make_backend(backend)
         self.stats = EngineStats()
+        self.policy_version = 0  # the optimizer step whose weights are sampled (TrainableEngine)
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
         self._cond = threading.Condition()
         self._waiting: deque[SequenceState] = deque()
@@ -211,11 +212,22 @@ class TorchEngine:
             self._submit(prompt, p, fut.set_result)
         return [f.result() for f in futures]
 
-    def sync_weights(self, source: nn.Module | Mapping[str, torch.Tensor]) -> None:
+    def sync_weights(
+        self,
+        source: nn.Module | Mapping[str, torch.Tensor] | None,
+        *,
+        version: int | None = None,
+    ) -> None:
         """Copy parameters from `source` (a model or state dict with the same names) into the engine's model.
 
-        Waits for the current decoding step; later steps use the new weights.
+        Waits for the current decoding step; later steps use the new weights. `source=None`
+        means the engine samples from the trainer's own tensors, already updated in place (the
+        prefix cache notices by fingerprint): only `policy_version` moves. `version` defaults to
+        the current version plus one.
         """
+        self.policy_version = self.policy_version + 1 if version is None else version
+        if source is None:
+            return
         state = source.state_dict() if isinstance(source, nn.Module) else source
         targets = dict(self.model.named_parameters())
         missing = [name for name in targets if name not in state]

@@ -54,7 +54,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
-        from looprl.engines.torch_engine import TorchEngine
+        from looprl.engines.factory import make_trainable_engine
         from looprl.models.loading import load_model
         from looprl.trainer.logger import MetricsLogger
 
@@ -68,7 +68,9 @@ class Trainer:
         self.model.eval()
         separate = cfg.model.lora or cfg.trainer.one_step_ahead
         self.engine_model = S.engine_copy(self.model) if separate else self.model
-        self.engine = TorchEngine(self.engine_model, self.tokenizer, seed=cfg.trainer.seed)
+        self.engine = make_trainable_engine(
+            "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
+        )
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
             # sampler and trainer share weights: the correction would be the identity
             self.algo = dataclasses.replace(self.algo, use_tis=False)
@@ -128,8 +130,7 @@ class Trainer:
             return
         state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
-        if self.engine_model is not self.model:
-            self.engine.sync_weights(S.merged_state_dict(self.model))
+        self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
 
     # ---------------------------------------------------------------- the loop
@@ -169,7 +170,7 @@ class Trainer:
                 await asyncio.wait({pending})  # the engine must be idle before its weights change
             else:
                 metrics = self._update(groups)
-            metrics.update(self._sync())
+            metrics.update(self._sync(step))
             metrics["time/generate"] = gen_s
             metrics.update(self._rollout_metrics(groups, gen_s))
             self.step = step
@@ -243,11 +244,12 @@ class Trainer:
         out["train_tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)
         return out
 
-    def _sync(self) -> dict[str, float]:
+    def _sync(self, version: int) -> dict[str, float]:
         """Copy the new weights into the engine's copy (free when they share tensors)."""
         t0 = time.perf_counter()
-        if self.engine_model is not self.model:
-            self.engine.sync_weights(S.merged_state_dict(self.model))  # under the engine's lock
+        shared = self.engine_model is self.model  # then the engine already sees the new tensors
+        weights = None if shared else S.merged_state_dict(self.model)
+        self.engine.sync_weights(weights, version=version)  # under the engine's lock
         return {"time/sync": time.perf_counter() - t0}
 
     def _rollout_metrics(self, groups: list[list[EpisodeResult]], gen_s: float) -> dict[str, float]:
