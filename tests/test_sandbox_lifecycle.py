@@ -105,7 +105,7 @@ def test_only_a_child_that_dies_before_it_is_ready_is_a_sandbox_error(ready):
     for fd in (res_r, out_r, err_r):
         os.set_blocking(fd, False)
     child = Child(pid, None, ctl_w, res_r, out_r, err_r, None, "/", persistent=False)
-    result = supervise(child, "pass", 5.0, LIMITS.to_dict())
+    result = supervise(child, "pass", 5.0, LIMITS)
     child.close()
     assert result["status"] == ("error" if ready else "sandbox_error"), result
     assert not child.alive

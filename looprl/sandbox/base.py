@@ -127,6 +127,11 @@ class SandboxLimits:
         """JSON-ready dict (sent to workers, saved in run metadata)."""
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SandboxLimits:
+        """Inverse of `to_dict` (in a worker or child process); an unknown key is a TypeError."""
+        return cls(**d)
+
 
 @dataclass
 class IsolationReport:

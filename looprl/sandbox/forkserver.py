@@ -27,6 +27,7 @@ from looprl.sandbox import proto
 from looprl.sandbox.base import ExecResult, Executor, IsolationLevel, IsolationReport, SandboxLimits
 from looprl.sandbox.fair import FairQueue
 from looprl.sandbox.isolation import child_env, kernel_probe
+from looprl.sandbox.policy import WorkerConfig
 from looprl.sandbox.workerproc import WorkerProcess
 
 logger = logging.getLogger("looprl.sandbox")
@@ -184,14 +185,15 @@ class ForkServerExecutor(Executor):
 
     async def _start_worker(self, w: WorkerProcess) -> None:
         env = child_env("/")  # nothing of the trainer's environment
-        config: dict[str, Any] = {
-            "op": "config",
-            "limits": self.limits.to_dict(),
-            "scratch_root": self._scratch_root,
-        }
-        config.update(preload=list(self.preload), warmup=self.warmup, namespaces=self.namespaces)
-        config["freeze_sessions"] = self.freeze_sessions
-        config["lean_preload"] = None if self.lean_preload is None else list(self.lean_preload)
+        config = WorkerConfig(
+            limits=self.limits,
+            scratch_root=self._scratch_root,
+            preload=self.preload,
+            lean_preload=self.lean_preload,
+            warmup=self.warmup,
+            namespaces=self.namespaces,
+            freeze_sessions=self.freeze_sessions,
+        )
         await w.start(self.python, config, env)
 
     def _build_report(self, probe: ExecResult) -> IsolationReport:

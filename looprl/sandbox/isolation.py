@@ -20,9 +20,13 @@ import os
 import resource
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looprl.sandbox import landlock, seccomp
+
+if TYPE_CHECKING:
+    from looprl.sandbox.base import SandboxLimits
+    from looprl.sandbox.policy import ChildPolicy
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -340,7 +344,7 @@ def child_env(scratch: str) -> dict[str, str]:
     return env
 
 
-def set_limits(limits: dict[str, Any], baseline_vm: int | None, nproc_extra: int = 0) -> None:
+def set_limits(limits: SandboxLimits, baseline_vm: int | None, nproc_extra: int = 0) -> None:
     """Resource limits with soft = hard so the code cannot raise them again.
 
     The address-space limit is `baseline_vm` (the preloaded interpreter) plus `memory_mb`; it is
@@ -348,13 +352,13 @@ def set_limits(limits: dict[str, Any], baseline_vm: int | None, nproc_extra: int
     """
     mb = 1024 * 1024
     pairs = [
-        (resource.RLIMIT_NPROC, int(limits["max_processes"]) + nproc_extra),
-        (resource.RLIMIT_FSIZE, int(limits["max_file_mb"]) * mb),
-        (resource.RLIMIT_NOFILE, int(limits["max_open_files"])),
+        (resource.RLIMIT_NPROC, int(limits.max_processes) + nproc_extra),
+        (resource.RLIMIT_FSIZE, int(limits.max_file_mb) * mb),
+        (resource.RLIMIT_NOFILE, int(limits.max_open_files)),
         (resource.RLIMIT_CORE, 0),
     ]
     if baseline_vm is not None:
-        pairs.append((resource.RLIMIT_AS, baseline_vm + int(limits["memory_mb"]) * mb))
+        pairs.append((resource.RLIMIT_AS, baseline_vm + int(limits.memory_mb) * mb))
     for which, value in pairs:
         resource.setrlimit(which, (value, value))
 
@@ -385,20 +389,21 @@ def _set_env_and_signals(scratch: str) -> None:
         signal.signal(sig, handler)
 
 
-def prepare_template_process(policy: dict[str, Any], scratch: str) -> None:
+def prepare_template_process(scratch: str) -> None:
     """Give a fork-server template the environment and signal dispositions its stateless
     children need, so that they inherit them instead of paying for them after every fork.
 
-    Records `scratch` in `policy` so that `harden_child` skips that step for children whose
-    scratch directory it is (checking inside the child cost ~0.4 ms of CPU a call: the
-    comparison runs Python code whose pages each child must copy, copy-on-write).
+    The template then records `scratch` as its policy's `prepared_scratch`, so that
+    `harden_child` skips that step for children whose scratch directory it is (doing it inside
+    the child cost ~0.4 ms of CPU a call: Python code whose pages each child must copy,
+    copy-on-write).
     """
     _set_env_and_signals(scratch)
-    policy["prepared_scratch"] = scratch
 
 
 def harden_child(
-    policy: dict[str, Any],
+    policy: ChildPolicy,
+    limits: SandboxLimits,
     scratch: str,
     uid: int | None,
     persistent: bool,
@@ -406,19 +411,19 @@ def harden_child(
 ) -> None:
     """Everything a forked child does to itself before it reads its first cell of code.
 
-    `ruleset_fd` is a Landlock ruleset prepared by the worker (stateless calls: one per template
+    `policy` says how (Landlock, seccomp, what its template already did), `limits` how much
+    (the rlimits). `ruleset_fd` is a Landlock ruleset prepared by the worker (stateless calls: one per template
     kind, inherited through the template); without it the child builds one for its own scratch
     directory (sessions).
     """
     os.setsid()
     os.chdir(scratch)
     os.umask(0o077)
-    if scratch != policy.get("prepared_scratch"):  # sessions; stateless children inherit both
+    if scratch != policy.prepared_scratch:  # sessions; stateless children inherit both
         _set_env_and_signals(scratch)
-    limits = policy["limits"]
-    set_limits(limits, policy["baseline_vm"], policy.get("nproc_extra", 0))
+    set_limits(limits, policy.baseline_vm, policy.nproc_extra)
     if persistent:
-        cpu = int(limits["session_cpu_seconds"])
+        cpu = int(limits.session_cpu_seconds)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if uid is not None:
         drop_privileges(uid)
@@ -427,8 +432,8 @@ def harden_child(
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     if ruleset_fd is not None:
         landlock.restrict_with(ruleset_fd)
-    elif policy["landlock_abi"] > 0:
-        landlock.apply(policy["read_only"], [scratch, "/dev/null"], policy["landlock_abi"])
-    filt = policy.get("seccomp")
-    if filt is not None and not policy.get("seccomp_inherited"):
+    elif policy.landlock_abi > 0:
+        landlock.apply(policy.read_only, [scratch, "/dev/null"], policy.landlock_abi)
+    filt = policy.seccomp
+    if filt is not None and not policy.seccomp_inherited:
         filt.install()  # otherwise in place since the fork: the template installed it once

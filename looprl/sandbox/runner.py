@@ -17,9 +17,12 @@ import os
 import resource
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looprl.sandbox import proto
+
+if TYPE_CHECKING:
+    from looprl.sandbox.base import SandboxLimits
 
 RESULT_FD = 3
 CONTROL_FD = 4
@@ -158,7 +161,7 @@ def _compile(code: str, filename: str) -> tuple[Any, Any]:
 
 
 def run_cell(
-    code: str, namespace: dict[str, Any], cell_no: int, limits: dict[str, Any]
+    code: str, namespace: dict[str, Any], cell_no: int, limits: SandboxLimits
 ) -> dict[str, Any]:
     """Run one cell in `namespace`; return {"status", "value", "message"} for the supervisor."""
     filename = f"<cell {cell_no}>"
@@ -171,7 +174,7 @@ def run_cell(
             result = eval(expr, namespace)
             if result is not None:
                 text = repr(result)
-                cap = int(limits["max_value_chars"])
+                cap = int(limits.max_value_chars)
                 value = (
                     text
                     if len(text) <= cap
@@ -183,14 +186,14 @@ def run_cell(
             return {"status": "ok", "value": None, "message": ""}
         return _failure("error", f"SystemExit: {exc.code}", exc)
     except OutputLimitExceeded:
-        cap = limits["max_output_bytes"]
+        cap = limits.max_output_bytes
         return {
             "status": "output_limit",
             "value": None,
             "message": f"output passed the {cap}-byte limit",
         }
     except MemoryError as exc:
-        msg = f"MemoryError: the code needed more than the {limits['memory_mb']} MB memory limit"
+        msg = f"MemoryError: the code needed more than the {limits.memory_mb} MB memory limit"
         return _failure("memory", msg, exc)
     except SyntaxError as exc:
         text = "".join(traceback.format_exception_only(type(exc), exc))
@@ -212,9 +215,9 @@ def _failure(
     return {"status": status, "value": None, "message": message[:2000]}
 
 
-def _make_streams(limits: dict[str, Any]) -> dict[str, Any]:
+def _make_streams(limits: SandboxLimits) -> dict[str, Any]:
     """Fresh stdio objects on descriptors 0-2 sharing one output budget."""
-    budget = _Budget(int(limits["max_output_bytes"]))
+    budget = _Budget(int(limits.max_output_bytes))
     return {
         "stdin": io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
         "stdout": CappedStream(1, budget),
@@ -225,7 +228,7 @@ def _make_streams(limits: dict[str, Any]) -> dict[str, Any]:
 _prepared: dict[str, Any] | None = None
 
 
-def prepare_streams(limits: dict[str, Any]) -> None:
+def prepare_streams(limits: SandboxLimits) -> None:
     """Build the first cell's stdio objects now, in the process that forks the children.
 
     Each child then starts with them in place: building them in the child (codec lookup, a
@@ -236,7 +239,7 @@ def prepare_streams(limits: dict[str, Any]) -> None:
     _prepared = _make_streams(limits)
 
 
-def _install_streams(limits: dict[str, Any], first: bool = False) -> None:
+def _install_streams(limits: SandboxLimits, first: bool = False) -> None:
     """Install fresh stdio objects (the prepared ones for a child's first cell)."""
     streams = _prepared if first and _prepared is not None else _make_streams(limits)
     for name, stream in streams.items():
@@ -244,7 +247,7 @@ def _install_streams(limits: dict[str, Any], first: bool = False) -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
+def _flush_streams(result: dict[str, Any], limits: SandboxLimits) -> None:
     """Write what the cell left buffered; a write that fails is reported, never dropped silently."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -253,7 +256,7 @@ def _flush_streams(result: dict[str, Any], limits: dict[str, Any]) -> None:
         except OutputLimitExceeded:
             result.update(
                 status="output_limit",
-                message=f"output passed the {limits['max_output_bytes']}-byte limit",
+                message=f"output passed the {limits.max_output_bytes}-byte limit",
             )
         except (OSError, ValueError) as exc:  # e.g. the code closed descriptor 1
             if result["status"] == "ok":
@@ -272,7 +275,7 @@ def _reap() -> None:
 
 
 def serve(
-    limits: dict[str, Any], persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD
+    limits: SandboxLimits, persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD
 ) -> None:
     """Answer cell requests from `ctl_fd` until end of file (one request when not persistent).
 

@@ -39,20 +39,22 @@ for name, sub in (("looprl", "/looprl"), ("looprl.sandbox", "/looprl/sandbox")):
     module.__path__ = [sys.argv[1] + sub]
     sys.modules[name] = module
 from looprl.sandbox import isolation, runner
+from looprl.sandbox.base import SandboxLimits
 cfg = json.loads(sys.argv[2])
+limits = SandboxLimits.from_dict(cfg["limits"])
 try:
     with open("/proc/self/statm") as f:
         vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 except OSError:  # no /proc (macOS): no address-space limit
     vm = None
-isolation.set_limits(cfg["limits"], vm, cfg["nproc_extra"])
+isolation.set_limits(limits, vm, cfg["nproc_extra"])
 import resource, signal
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 if cfg["persistent"]:
-    cpu = int(cfg["limits"]["session_cpu_seconds"])
+    cpu = int(limits.session_cpu_seconds)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 fds = cfg["fds"]
-runner.serve(cfg["limits"], cfg["persistent"], res_fd=fds[0], ctl_fd=fds[1])
+runner.serve(limits, cfg["persistent"], res_fd=fds[0], ctl_fd=fds[1])
 """
 _NOBODY = 65534
 
@@ -212,7 +214,7 @@ class SubprocessExecutor(Executor):
         proc, child = self._spawn(persistent=False)
         try:
             # the interpreter start-up is not the code's time: allow it on top of the timeout
-            return supervise(child, code, timeout, self.limits.to_dict(), grace=2.0)
+            return supervise(child, code, timeout, self.limits, grace=2.0)
         finally:
             self._finish(proc, child)
 
@@ -258,7 +260,7 @@ class SubprocessExecutor(Executor):
         async with lock:
             _signal_group(proc.pid, signal.SIGCONT)
             reply = await loop.run_in_executor(
-                self._threads, supervise, child, code, timeout, self.limits.to_dict(), startup
+                self._threads, supervise, child, code, timeout, self.limits, startup
             )
             if child.alive:  # nothing of the session runs between calls (threads included)
                 _signal_group(proc.pid, signal.SIGSTOP)

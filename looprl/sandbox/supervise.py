@@ -16,9 +16,12 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from looprl.sandbox import proto
+
+if TYPE_CHECKING:
+    from looprl.sandbox.base import SandboxLimits
 
 _HARD_CAP_SLACK = 64 * 1024  # output allowed past the in-process cap before the child is killed
 _CHILD_STATUSES = {"ok", "error", "memory", "output_limit"}
@@ -28,8 +31,8 @@ class Child:
     """A sandbox child as its supervisor sees it: pid, pipes, uid and scratch directory.
 
     `reap` waits for the exited child when its parent is not the supervisor (a fork-server
-    template's child) and returns (wait status, CPU seconds). A plain class, not a dataclass:
-    `dataclasses` (and `inspect` behind it) would grow the heap of every fork-server template.
+    template's child) and returns (wait status, CPU seconds). A plain `__slots__` class: it
+    changes during a call (`alive`, `reaped`, `ready`), and a worker makes one per call.
     """
 
     __slots__ = (
@@ -214,7 +217,7 @@ def _death(child: Child, cpu_limit: int) -> tuple[str, str]:
 
 
 def supervise(
-    child: Child, code: str, timeout: float, limits: dict[str, Any], grace: float = 0.0
+    child: Child, code: str, timeout: float, limits: SandboxLimits, grace: float = 0.0
 ) -> dict[str, Any]:
     """Run one cell in `child` and return the result fields as a dict (see `ExecResult`).
 
@@ -224,7 +227,7 @@ def supervise(
     processes the code left behind.
     """
     start = time.monotonic()
-    cap = int(limits["max_output_bytes"])
+    cap = int(limits.max_output_bytes)
     call = _Call(cap + _HARD_CAP_SLACK)
     call.ready = child.ready
     cpu_limit = math.ceil(timeout) + 1

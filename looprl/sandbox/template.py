@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
 import os
 import socket
 import sys
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from looprl.sandbox import isolation, runner
-
-if TYPE_CHECKING:
-    from looprl.sandbox.worker import Kind, Worker
+from looprl.sandbox.base import SandboxLimits
+from looprl.sandbox.policy import ChildPolicy
 
 _FDS = 6  # descriptors a spawn request may carry
 _TIMEOUT = 60.0  # seconds the worker waits for an answer before it gives up on its template
@@ -43,15 +44,38 @@ class TemplateGone(Exception):
     """The template process died or stopped answering (the worker cannot fork any more)."""
 
 
-class Template:
-    """The worker's handle on its template process."""
+@dataclass(frozen=True)
+class TemplateKind:
+    """What one template preloads, and where its stateless children work."""
 
-    def __init__(self, worker: Worker, config: dict[str, Any], kind: Kind) -> None:
+    name: str
+    """"full" (the whole preload list) or "lean" (a subset, for calls that do not need it)."""
+    preload: tuple[str, ...]
+    """Modules the template imports once, for every child to share."""
+    scratch: str
+    """The stateless children's scratch directory (the same path every call)."""
+    ruleset: int | None
+    """Landlock ruleset for stateless children: read-write access to this kind's directory only
+    (None: no Landlock; a session's child builds its own)."""
+    warmup: bool = True
+    """Run common calls of the preloaded modules once (`WARMUP`), so caches are shared."""
+    hugepages: bool = True
+    """Back the template's heap with huge pages after the preload."""
+
+
+class Template:
+    """The worker's handle on its template process.
+
+    `policy` and `limits` are what every child of it applies to itself; the template process
+    completes its own copy of `policy` (its address-space size, the inherited seccomp filter).
+    """
+
+    def __init__(self, policy: ChildPolicy, limits: SandboxLimits, kind: TemplateKind) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # the template: never returns
             ours.close()
-            _template_main(theirs, worker, config, kind)
+            _template_main(theirs, policy, limits, kind)
         theirs.close()
         self.pid = pid
         self.sock = ours
@@ -108,7 +132,9 @@ class Template:
         self.sock.close()
 
 
-def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any], kind: Kind) -> None:
+def _template_main(
+    sock: socket.socket, policy: ChildPolicy, limits: SandboxLimits, kind: TemplateKind
+) -> None:
     """Body of the template process: preload, then fork children on request; always os._exit."""
     code = 0
     try:
@@ -118,23 +144,27 @@ def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any], 
             os.dup2(null, fd)
         os.close(null)
         features: dict[str, Any] = {}
-        runner.prepare_streams(worker.limits)
-        _preload(kind.preload, config.get("warmup", True))
-        if config.get("hugepages", True):
+        runner.prepare_streams(limits)
+        _preload(kind.preload, kind.warmup)
+        if kind.hugepages:
             features["hugepages"] = isolation.collapse_heap()
-        isolation.prepare_template_process(worker.policy, kind.scratch)
+        isolation.prepare_template_process(kind.scratch)
         # Measured once: reading it at every fork touched ~55 pages of the template (io objects).
         # The template's loop allocates nothing that stays, so its size does not drift.
-        worker.policy["baseline_vm"] = _vm_size()
-        filt = worker.policy.get("seccomp")
-        if filt is not None:
+        baseline_vm = _vm_size()
+        if policy.seccomp is not None:
             # Installed once, here: every child inherits the filter before it runs a line of its
             # own, instead of each building and JIT-compiling it again (~0.5 ms of CPU a child).
             # Nothing the template does is on the filter's deny list.
-            filt.install()
-            worker.policy["seccomp_inherited"] = True
+            policy.seccomp.install()
+        policy = dataclasses.replace(
+            policy,
+            baseline_vm=baseline_vm,
+            seccomp_inherited=policy.seccomp is not None,
+            prepared_scratch=kind.scratch,
+        )
         sock.send(json.dumps(features).encode())
-        _serve(sock, worker, kind.ruleset)
+        _serve(sock, policy, limits, kind.ruleset)
     except BaseException as exc:  # noqa: BLE001 - say why, then exit; the worker exits too
         code = 70
         try:
@@ -144,7 +174,9 @@ def _template_main(sock: socket.socket, worker: Worker, config: dict[str, Any], 
     os._exit(code)
 
 
-def _serve(sock: socket.socket, worker: Worker, stateless_ruleset: int | None) -> None:
+def _serve(
+    sock: socket.socket, policy: ChildPolicy, limits: SandboxLimits, stateless_ruleset: int | None
+) -> None:
     """The template's loop. Kept short on purpose: every page it writes is copied after a fork."""
     space = socket.CMSG_SPACE(_FDS * 4)
     while True:
@@ -178,7 +210,7 @@ def _serve(sock: socket.socket, worker: Worker, stateless_ruleset: int | None) -
             pid = -1
             sock.send(b"E" + str(exc).encode())
         if pid == 0:  # the child: never returns
-            _child_main(child_fds, worker, scratch, uid, persistent)
+            _child_main(child_fds, policy, limits, scratch, uid, persistent)
         for fd in fds:
             os.close(fd)
         if pid > 0:
@@ -192,7 +224,12 @@ def _vm_size() -> int:
 
 
 def _child_main(
-    fds: list[int], worker: Worker, scratch: str, uid: int | None, persistent: bool
+    fds: list[int],
+    policy: ChildPolicy,
+    limits: SandboxLimits,
+    scratch: str,
+    uid: int | None,
+    persistent: bool,
 ) -> None:
     """Body of a forked child: move fds into place, harden, serve cells; always os._exit.
 
@@ -206,9 +243,9 @@ def _child_main(
             os.dup2(fd, target)
         os.closerange(len(fds), 1 << 16)
         ruleset = 5 if len(fds) > 5 else None
-        isolation.harden_child(worker.policy, scratch, uid, persistent, ruleset)
+        isolation.harden_child(policy, limits, scratch, uid, persistent, ruleset)
         code = 71
-        runner.serve(worker.limits, persistent)
+        runner.serve(limits, persistent)
     except BaseException as exc:  # noqa: BLE001 - report any setup failure through stderr
         try:
             os.write(
@@ -254,7 +291,7 @@ WARMUP = {
 """Code run once per template so the lazy imports and caches of common calls are shared by every child."""
 
 
-def _preload(modules: list[str], warmup: bool) -> None:
+def _preload(modules: tuple[str, ...], warmup: bool) -> None:
     """Import the preload list, warm its common paths, then freeze the heap for the children."""
     for name in modules:
         importlib.import_module(name)

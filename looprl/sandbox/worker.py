@@ -19,6 +19,7 @@ Requests: {"op": "exec", "code", "timeout"}; {"op": "session", "sid", "uid", "co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -26,18 +27,17 @@ import time
 from typing import Any, NoReturn
 
 from looprl.sandbox import isolation, landlock, proto, seccomp
+from looprl.sandbox.policy import ChildPolicy, WorkerConfig
 from looprl.sandbox.supervise import Child, supervise, wait_gone
-from looprl.sandbox.template import Template, TemplateGone
+from looprl.sandbox.template import Template, TemplateGone, TemplateKind
 
 
 class Kind:
-    """A template with its own stateless uid, scratch directory and spare child."""
+    """A template as the worker runs it: what it is (`spec`), its stateless uid, its process and
+    its spare child."""
 
-    def __init__(
-        self, name: str, preload: list[str], uid: int | None, scratch: str, ruleset: int | None
-    ) -> None:
-        self.name, self.preload, self.uid, self.scratch = name, preload, uid, scratch
-        self.ruleset = ruleset  # Landlock: read-write access to this kind's directory only
+    def __init__(self, spec: TemplateKind, uid: int | None) -> None:
+        self.spec, self.uid = spec, uid
         self.template: Template | None = None
         self.spare: Child | None = None
 
@@ -45,33 +45,32 @@ class Kind:
 class Worker:
     """State of one worker process: its policy, its templates' spare children and its sessions."""
 
-    def __init__(self, config: dict[str, Any], features: dict[str, Any]) -> None:
-        self.limits: dict[str, Any] = config["limits"]
+    def __init__(self, config: WorkerConfig, features: dict[str, Any]) -> None:
+        self.config = config
+        self.limits = config.limits
         self.root = os.geteuid() == 0
-        self.uid: int | None = config["uid"] if self.root else None
-        self.scratch_root: str = config["scratch_root"]
+        self.uid = config.uid if self.root else None
+        self.scratch_root = config.scratch_root
         self.features = features
         self.tmpfs = features.get("scratch_tmpfs") is True
         # stateless calls' scratch dirs live here (one per worker: without namespaces they share a root)
         self.slot = os.path.join(self.scratch_root, f"w{os.getpid()}")
-        isolation.make_scratch(self.slot, None, int(config["limits"]["disk_mb"]), self.tmpfs)
+        isolation.make_scratch(self.slot, None, int(self.limits.disk_mb), self.tmpfs)
         os.chmod(self.slot, 0o711)
         # Not `isolation.kernel_probe()`: it imports shutil, which every template would inherit.
-        probe = {"landlock_abi": landlock.abi_version(), "pidfd": hasattr(os, "pidfd_open")}
+        abi, pidfd = landlock.abi_version(), hasattr(os, "pidfd_open")
         filt = seccomp.build_filter()
-        self.policy: dict[str, Any] = {
-            "limits": self.limits,
-            "landlock_abi": probe["landlock_abi"],
-            "read_only": isolation.read_only_paths(),
-            "seccomp": filt,
-            "baseline_vm": 0,
-            "nproc_extra": 0 if self.root else _count_own_processes() + 64,
-        }
+        self.policy = ChildPolicy(
+            landlock_abi=abi,
+            read_only=tuple(isolation.read_only_paths()),
+            seccomp=filt,
+            nproc_extra=0 if self.root else _count_own_processes() + 64,
+        )
         features.update(
             uid_drop="unique uid per sandbox" if self.root else "no (worker is not root)",
-            landlock=f"ABI {probe['landlock_abi']}" if probe["landlock_abi"] else "unavailable",
+            landlock=f"ABI {abi}" if abi else "unavailable",
             seccomp=f"{filt.length}-instruction filter ({filt.arch})" if filt else "unavailable",
-            pidfd=probe["pidfd"],
+            pidfd=pidfd,
         )
         self.heavy: tuple[str, ...] = ()  # modules only the full template imports
         self.kinds: dict[str, Kind] = {}  # "full" (and "lean"), set by `start_templates`
@@ -79,15 +78,14 @@ class Worker:
         self.last_kind: Kind | None = None
         self.sessions: dict[str, Child] = {}
         self.counter = 0
-        self.freeze_sessions = bool(config.get("freeze_sessions", True))
+        self.freeze_sessions = config.freeze_sessions
 
-    def start_templates(self, config: dict[str, Any]) -> None:
+    def start_templates(self) -> None:
         """Fork the template(s): the full preload list, and a lean one when `lean_preload` is a
         proper subset of it (as root, only with a uid of its own: never root, never the full
         spare's)."""
-        preload = list(config.get("preload", []))
-        lean = config.get("lean_preload")
-        lean_uid = config.get("lean_uid") if self.root else None
+        preload, lean = self.config.preload, self.config.lean_preload
+        lean_uid = self.config.lean_uid if self.root else None
         kinds = [self._kind("full", preload, self.uid)]
         if (
             lean is not None
@@ -95,20 +93,20 @@ class Worker:
             and (lean_uid is not None or not self.root)
         ):
             self.heavy = tuple(m for m in preload if m not in lean)
-            kinds.append(self._kind("lean", [m for m in preload if m in lean], lean_uid))
+            kinds.append(self._kind("lean", tuple(m for m in preload if m in lean), lean_uid))
         for kind in kinds:
-            kind.template = Template(self, config, kind)
-            self.kinds[kind.name] = kind
+            kind.template = Template(self.policy, self.limits, kind.spec)
+            self.kinds[kind.spec.name] = kind
         self.features.update(kinds[0].template.features if kinds[0].template else {})
         if self.heavy:
             self.features["lean_template"] = (
-                f"{', '.join(kinds[1].preload) or 'nothing'} preloaded, for calls that do not "
+                f"{', '.join(kinds[1].spec.preload) or 'nothing'} preloaded, for calls that do not "
                 f"mention {', '.join(self.heavy)}"
             )
         for kind in kinds:
             kind.spare = self.spawn_stateless(kind)
 
-    def _kind(self, name: str, preload: list[str], uid: int | None) -> Kind:
+    def _kind(self, name: str, preload: tuple[str, ...], uid: int | None) -> Kind:
         """A kind with its own directory under the slot: a stateless call's scratch directory
         (the same path every call) lives in it, and its children's Landlock rule names it, so
         that one kind's call cannot reach the other kind's spare (they share a uid when the
@@ -117,10 +115,18 @@ class Worker:
         home = os.path.join(self.slot, name)
         os.mkdir(home, 0o711)
         ruleset = None
-        if self.policy["landlock_abi"]:
-            rw = [home, "/dev/null"]
-            ruleset = landlock.build(self.policy["read_only"], rw, self.policy["landlock_abi"])
-        return Kind(name, preload, uid, os.path.join(home, "call"), ruleset)
+        abi = self.policy.landlock_abi
+        if abi:
+            ruleset = landlock.build(self.policy.read_only, [home, "/dev/null"], abi)
+        spec = TemplateKind(
+            name,
+            preload,
+            os.path.join(home, "call"),
+            ruleset,
+            warmup=self.config.warmup,
+            hugepages=self.config.hugepages,
+        )
+        return Kind(spec, uid)
 
     def kind_for(self, code: str) -> Kind:
         """The lean template unless the code names a module only the full one preloads."""
@@ -131,14 +137,14 @@ class Worker:
     def spawn_stateless(self, kind: Kind, reap: int | None = None) -> Child:
         """Fork a hardened child of `kind`'s template for one stateless call (after the template
         reaps its exited child `reap`, in the same round trip)."""
-        isolation.make_scratch(kind.scratch, kind.uid, 0, tmpfs=False)
-        return self._spawn(kind, kind.uid, kind.scratch, persistent=False, reap=reap)
+        isolation.make_scratch(kind.spec.scratch, kind.uid, 0, tmpfs=False)
+        return self._spawn(kind, kind.uid, kind.spec.scratch, persistent=False, reap=reap)
 
     def spawn_session(self, uid: int | None) -> Child:
         """Fork a session's interpreter (always from the full template), with its own tmpfs."""
         self.counter += 1
         scratch = os.path.join(self.scratch_root, f"s{self.counter}")
-        isolation.make_scratch(scratch, uid, int(self.limits["disk_mb"]), self.tmpfs)
+        isolation.make_scratch(scratch, uid, int(self.limits.disk_mb), self.tmpfs)
         return self._spawn(self.kinds["full"], uid, scratch, persistent=True)
 
     def _spawn(
@@ -398,27 +404,29 @@ def _owner(name: str) -> int:
 
 def main() -> None:
     """Entry point of a worker process (see the module docstring)."""
-    config = proto.read_frame(0)
-    if config is None:
+    frame = proto.read_frame(0)
+    if frame is None:
         return
+    config = WorkerConfig.from_dict(frame)
     features: dict[str, Any] = (
-        isolation.enter_namespaces() if config.get("namespaces", True) else {"namespaces": "off"}
+        isolation.enter_namespaces() if config.namespaces else {"namespaces": "off"}
     )
     namespaces = features["namespaces"]
     if namespaces.startswith(("mnt", "user")):
         root_pid_ns = namespaces.startswith("mnt,net,pid")
         mounts, scratch_root = isolation.setup_mounts(
-            config["scratch_root"], isolation.read_only_paths(), root_pid_ns
+            config.scratch_root, isolation.read_only_paths(), root_pid_ns
         )
         features.update(mounts)
-        config["scratch_root"] = scratch_root or config["scratch_root"]
+        if scratch_root:
+            config = dataclasses.replace(config, scratch_root=scratch_root)
     try:
         isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         features["subreaper"] = True
     except OSError:
         features["subreaper"] = False
     worker = Worker(config, features)
-    worker.start_templates(config)  # they import the preload list, not this process
+    worker.start_templates()  # they import the preload list, not this process
     proto.write_frame(1, {"op": "hello", "pid": os.getpid(), "features": features})
     serve_pool(worker)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import os
 import subprocess
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.sandbox import proto
+from looprl.sandbox.policy import WorkerConfig
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # Import the worker without running looprl/__init__.py (which may import heavy libraries).
@@ -50,8 +52,9 @@ class WorkerProcess:
         self._owed = 0
         self._stale_until = 0.0
 
-    async def start(self, python: str, config: dict[str, Any], env: dict[str, str]) -> None:
-        """Launch the worker, send its configuration and wait for its hello."""
+    async def start(self, python: str, config: WorkerConfig, env: dict[str, str]) -> None:
+        """Launch the worker, send its configuration (with this worker's uids) and wait for its
+        hello."""
         self.proc = subprocess.Popen(
             [python, "-I", "-c", BOOTSTRAP, PACKAGE_ROOT],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/", close_fds=True,
@@ -68,9 +71,8 @@ class WorkerProcess:
         )
         self.broken = False
         self.generation += 1
-        hello = await asyncio.wait_for(
-            self.call({**config, "uid": self.uid, "lean_uid": self.lean_uid}), 120
-        )
+        config = dataclasses.replace(config, uid=self.uid, lean_uid=self.lean_uid)
+        hello = await asyncio.wait_for(self.call(config.to_dict()), 120)
         if hello.get("op") != "hello":
             raise RuntimeError(f"sandbox worker sent {hello!r} instead of its hello")
         self.features = hello["features"]
