@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from looprl.models.forward import target_rows
 from looprl.rendering.renderer import Renderer
 from looprl.types import Message
 
@@ -175,20 +176,10 @@ def masked_logprobs(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Te
     The output projection runs on trained positions only, chunk by chunk (as in the RL update),
     so memory does not grow with vocabulary x sequence length.
     """
-    from looprl.algorithms.logprobs import head_logprobs_entropy
-    from looprl.trainer.batch import decoder_and_head
-
     ids, attn, mask = _pad(batch, next(model.parameters()).device)
     sel = mask[:, 1:]  # token t+1 is predicted from position t
-    parts = decoder_and_head(model)
-    if parts is None:  # logits with scaling or soft-capping: use the model's own
-        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        rows, head = logits[:, :-1][sel], torch.nn.Identity()  # (N, V)
-    else:
-        decoder, head = parts
-        hidden = decoder(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        rows = hidden[:, :-1][sel]  # (N, H)
-    return head_logprobs_entropy(rows, head, ids[:, 1:][sel])[:, 0]  # (N,)
+    rows, _ = target_rows(model, ids, attn, ids[:, 1:], sel)  # (N, 2)
+    return rows[:, 0]  # (N,)
 
 
 def micro_batches(batch: list[SFTExample], max_tokens: int) -> list[list[SFTExample]]:

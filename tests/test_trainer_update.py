@@ -20,6 +20,7 @@ from looprl.algorithms.logprobs import (
     logprobs_from_logits,
 )
 from looprl.algorithms.presets import resolve_algorithm
+from looprl.models import forward as F
 from looprl.trainer import batch as B
 from looprl.trainer import update as U
 from looprl.trainer.config import OptimSection
@@ -76,12 +77,13 @@ def test_head_logprobs_entropy_matches_full_softmax():
 def test_fused_forward_equals_plain_forward(monkeypatch):
     model = small_model()
     batch = B.collate(samples(5), 0, "cpu")
-    lp, ent, hid = B.forward_logprobs(model, batch, 0.9, with_entropy=True, with_hidden=True)
+    tensors = (batch.input_ids, batch.attention_mask, batch.targets, batch.loss_mask)
+    lp, ent, hid = F.forward_logprobs(model, *tensors, 0.9, with_entropy=True, with_hidden=True)
     (lp * batch.advantages).sum().backward()
     fused_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    monkeypatch.setattr(B, "_FUSED_HEAD_TYPES", set())  # force the plain path
-    lp2, ent2, hid2 = B.forward_logprobs(model, batch, 0.9, with_entropy=True, with_hidden=True)
+    monkeypatch.setattr(F, "_FUSED_HEAD_TYPES", set())  # force the plain path
+    lp2, ent2, hid2 = F.forward_logprobs(model, *tensors, 0.9, with_entropy=True, with_hidden=True)
     (lp2 * batch.advantages).sum().backward()
     torch.testing.assert_close(lp, lp2)
     torch.testing.assert_close(ent, ent2)

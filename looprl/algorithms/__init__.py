@@ -45,7 +45,12 @@ from looprl.algorithms.losses import (
     gspo,
     reinforce,
 )
-from looprl.algorithms.objective import GroupAdvantages, group_advantages, policy_objective
+from looprl.algorithms.objective import (
+    LOSS_TERMS,
+    GroupAdvantages,
+    group_advantages,
+    policy_objective,
+)
 from looprl.algorithms.overlong import mask_truncated, overlong_penalty
 from looprl.algorithms.presets import PRESETS, AlgorithmConfig, resolve_algorithm
 from looprl.algorithms.value import clipped_value_loss
@@ -54,6 +59,7 @@ __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "LOSS_TERMS",
     "POLICY_LOSSES",
     "PRESETS",
     "AdvantageFn",

@@ -27,6 +27,11 @@ from looprl.algorithms.overlong import overlong_penalty
 from looprl.algorithms.presets import AlgorithmConfig
 from looprl.algorithms.value import clipped_value_loss
 
+#: Keys of `policy_objective`'s stats that are this micro-batch's contribution to the batch loss
+#: (already divided by the batch normaliser, so they add up over micro-batches); every other key
+#: but `num_tokens` is a mean over the micro-batch's `num_tokens` trained tokens.
+LOSS_TERMS = frozenset({"loss", "pg_loss", "kl_loss", "entropy_loss", "value_loss"})
+
 
 @dataclass
 class GroupAdvantages:
@@ -121,9 +126,9 @@ def policy_objective(
     logprobs.detach() for one update per batch); sampler_logprobs: the engine's. normalizer: the
     whole batch's denominator (`batch_normalizer`) when accumulating micro-batches. Every loss term
     uses cfg.aggregation with that normalizer, so summed micro-batch losses equal the batch loss.
-    stats: loss terms (loss, pg_loss, kl_loss, entropy_loss, value_loss) are this micro-batch's
-    contributions; metrics (kl, entropy, clip/ratio, tis, mismatch_kl) are means over its
-    `num_tokens` trained tokens.
+    stats: loss terms (`LOSS_TERMS`: loss, pg_loss, kl_loss, entropy_loss, value_loss) are this
+    micro-batch's contributions; metrics (kl, entropy, clip/ratio, tis, mismatch_kl) are means
+    over its `num_tokens` trained tokens.
     """
     _check_shapes(mask, logprobs=logprobs, old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs,
                   advantages=advantages, ref_logprobs=ref_logprobs, entropy=entropy, values=values,

@@ -1,13 +1,15 @@
-"""From scored episodes to training tensors: advantages per group, samples, micro-batches, logprobs."""
+"""From scored episodes to training tensors: samples with group advantages, micro-batches, padding.
+
+Scoring the tokens with the model is `looprl.models.forward.forward_logprobs`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from looprl.algorithms.objective import group_advantages as objective_advantages
+from looprl.algorithms.objective import group_advantages
 from looprl.algorithms.presets import AlgorithmConfig
 from looprl.types import EpisodeResult
 
@@ -23,10 +25,12 @@ class Sample:
     reward: float
 
 
-def group_advantages(
+def samples_from_groups(
     groups: list[list[EpisodeResult]], algo: AlgorithmConfig, max_len: int
 ) -> tuple[list[Sample], dict[str, float]]:
     """Samples from every trainable episode, with advantages computed within its group.
+
+    The math is `looprl.algorithms.group_advantages`, called once per group size.
 
     Episodes with rollout or scoring errors are left out (and do not enter the group's
     baseline); groups with fewer than two trainable episodes give no samples. Groups that lost
@@ -53,9 +57,7 @@ def group_advantages(
             [[ep.num_generated_tokens for ep in g] for g in same], dtype=torch.float32
         )
         truncated = torch.tensor([[ep.truncated for ep in g] for g in same])
-        res = objective_advantages(
-            algo, rewards, lengths=lengths, truncated=truncated, max_len=max_len
-        )
+        res = group_advantages(algo, rewards, lengths=lengths, truncated=truncated, max_len=max_len)
         weight = len(same) / max(1, len(usable))
         stats["zero_var_frac"] += res.stats["zero_variance_group_frac"] * weight
         stats["keep_frac"] += res.stats["keep_frac"] * weight
@@ -136,69 +138,3 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
         advantages=adv.contiguous().to(device),  # (B, T-1)
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
     )
-
-
-# model types whose logits are exactly lm_head(decoder(x)): no logit scaling or soft-capping
-_FUSED_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
-
-
-def decoder_and_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
-    """(decoder trunk, output projection) when logits are exactly head(trunk(x)), else None.
-
-    Works through a PEFT wrapper (attribute access reaches the base model, LoRA layers stay in
-    the trunk). Model types with logit scaling or soft-capping take the plain path.
-    """
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in _FUSED_HEAD_TYPES:
-        return None
-    try:
-        return model.get_decoder(), model.get_output_embeddings()  # type: ignore[operator]
-    except (AttributeError, NotImplementedError):
-        return None
-
-
-def forward_logprobs(
-    model: torch.nn.Module,
-    batch: Batch,
-    temperature: float,
-    *,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    with_hidden: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Log-probabilities of the target tokens under `model` at the sampling temperature.
-
-    Returns (logprobs (B, T-1), entropy (B, T-1) or None, last hidden states (B, T-1, H) or None).
-    Logprobs and entropy are computed only where `batch.loss_mask` is set (0 elsewhere): the
-    output projection runs on trained positions alone, chunk by chunk, so neither the prompt's
-    nor the tools' tokens pay for the vocabulary. The entropy carries gradient only with
-    `entropy_grad` (needed for an entropy bonus).
-    """
-    from looprl.algorithms.logprobs import head_logprobs_entropy
-
-    sel = batch.loss_mask > 0  # (B, T-1)
-    parts = decoder_and_head(model)
-    if parts is None:  # the model's own forward and head; score its logits as they are
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            output_hidden_states=with_hidden,
-            use_cache=False,
-        )
-        last = out.hidden_states[-1] if with_hidden else None  # (B, T, H)
-        rows_in, head = out.logits[:, :-1, :][sel], torch.nn.Identity()  # (N, V)
-    else:
-        decoder, head = parts
-        last = decoder(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).last_hidden_state  # (B, T, H)
-        rows_in = last[:, :-1, :][sel]  # (N, H)
-    rows = head_logprobs_entropy(rows_in, head, batch.targets[sel], temperature)  # (N, 2)
-    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
-    logprobs = zeros.masked_scatter(sel, rows[:, 0])  # (B, T-1)
-    entropy = None
-    if with_entropy:
-        ent = rows[:, 1] if entropy_grad else rows[:, 1].detach()
-        entropy = zeros.masked_scatter(sel, ent)  # (B, T-1)
-    hidden = last[:, :-1, :] if with_hidden and last is not None else None
-    return logprobs, entropy, hidden

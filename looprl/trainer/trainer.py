@@ -16,7 +16,7 @@ from looprl.evaluation import ResultsWriter, error_headline, summarize, write_me
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.trainer import setup as S
-from looprl.trainer.batch import group_advantages
+from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.types import EpisodeResult, SamplingParams, Task
@@ -236,7 +236,7 @@ class Trainer:
         """Advantages and the optimizer update for one batch; returns training metrics."""
         t0 = time.perf_counter()
         max_len = self.sampling.max_tokens * self.env.limits.max_turns
-        samples, adv_stats = group_advantages(groups, self.algo, max_len)
+        samples, adv_stats = samples_from_groups(groups, self.algo, max_len)
         stats = train_on_batch(self.ctx, samples)
         seconds = time.perf_counter() - t0
         out = {**adv_stats, **stats, "time/train": seconds}

@@ -1,17 +1,23 @@
-"""One optimisation step on a batch of samples: micro-batches, gradient accumulation, PPO extras."""
+"""One optimisation step on a batch of samples, as one loop a reader can follow top to bottom:
+
+prepare (collate micro-batches; old and reference logprobs, values and GAE without gradient)
+-> epochs (`updates_per_batch`) -> micro-batches (forward, loss, backward; gradients accumulate)
+-> clip -> step. The loss is `policy_objective`; the batch normaliser makes the summed
+micro-batch losses equal the loss of the whole batch.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from looprl.algorithms.advantages import gae, terminal_rewards
 from looprl.algorithms.aggregation import batch_normalizer
-from looprl.algorithms.objective import policy_objective
+from looprl.algorithms.objective import LOSS_TERMS, policy_objective
 from looprl.algorithms.presets import AlgorithmConfig
-from looprl.trainer.batch import Batch, Sample, collate, forward_logprobs, micro_batches
+from looprl.models.forward import TokenScores, forward_logprobs
+from looprl.trainer.batch import Batch, Sample, collate, micro_batches
 
 
 class ValueHead(torch.nn.Module):
@@ -72,19 +78,35 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
         p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device))
         with torch.no_grad():
             if need_old:
-                lp, _, hidden = forward_logprobs(
+                old = _score(
                     ctx.model, p.batch, ctx.temperature, with_hidden=ctx.value_head is not None
                 )
-                p.old_logprobs = lp
-                if ctx.value_head is not None and hidden is not None:
-                    values = ctx.value_head(hidden)  # (B, T-1)
+                p.old_logprobs = old.logprobs
+                if ctx.value_head is not None and old.hidden is not None:
+                    values = ctx.value_head(old.hidden)  # (B, T-1)
                     rewards = terminal_rewards(p.batch.rewards, p.batch.loss_mask)  # (B, T-1)
                     adv, ret = gae(rewards, values, p.batch.loss_mask, ctx.algo.gamma, ctx.algo.lam)
                     p.batch.advantages, p.old_values, p.returns = adv, values, ret
             if ctx.ref_model is not None:
-                p.ref_logprobs, _, _ = forward_logprobs(ctx.ref_model, p.batch, ctx.temperature)
+                p.ref_logprobs = _score(ctx.ref_model, p.batch, ctx.temperature).logprobs
         prepared.append(p)
     return prepared
+
+
+def _score(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    with_hidden: bool = False,
+) -> TokenScores:
+    """`forward_logprobs` on a collated micro-batch: (B, T-1) logprobs of its target tokens."""
+    return forward_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.targets, batch.loss_mask, temperature,
+        with_entropy=with_entropy, entropy_grad=entropy_grad, with_hidden=with_hidden,
+    )  # fmt: skip
 
 
 def _with_gradient(algo: AlgorithmConfig, samples: list[Sample]) -> list[Sample]:
@@ -101,36 +123,86 @@ def _with_gradient(algo: AlgorithmConfig, samples: list[Sample]) -> list[Sample]
     return moving or samples[:1]
 
 
+@dataclass
+class StatsAccumulator:
+    """Averages the micro-batch stats of one `train_on_batch` call over its optimizer steps.
+
+    Loss terms (`LOSS_TERMS`) are contributions already divided by the whole batch's normaliser:
+    they are summed over micro-batches and averaged over the `steps` optimizer steps, as is the
+    gradient norm. Every other metric is a mean over a micro-batch's `num_tokens` trained tokens
+    and is averaged weighted by those tokens.
+    """
+
+    steps: int
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add_total(self, key: str, value: float) -> None:
+        """A per-step total (a loss term, the gradient norm): averaged over the steps."""
+        self.sums[key] = self.sums.get(key, 0.0) + value / self.steps
+        self.weights[key] = 1.0
+
+    def add_mean(self, key: str, value: float, tokens: float) -> None:
+        """A mean over `tokens` trained tokens: averaged weighted by them."""
+        self.sums[key] = self.sums.get(key, 0.0) + value * tokens
+        self.weights[key] = self.weights.get(key, 0.0) + tokens
+
+    def add_micro_batch(self, stats: dict[str, float]) -> None:
+        """The stats of one micro-batch (`policy_objective`'s, plus token means of our own)."""
+        tokens = stats.get("num_tokens", 0.0)
+        for key, value in stats.items():
+            if key in LOSS_TERMS:
+                self.add_total(key, value)
+            elif key != "num_tokens":
+                self.add_mean(key, value, tokens)
+
+    def means(self) -> dict[str, float]:
+        """The averages; a metric seen only on micro-batches without trained tokens is left out."""
+        return {k: total / self.weights[k] for k, total in self.sums.items() if self.weights[k] > 0}
+
+
 def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float]:
     """Run `updates_per_batch` optimizer steps over the samples; returns averaged statistics."""
     if not samples:
         return {"skipped": 1.0}
+    algo, value_head = ctx.algo, ctx.value_head
     ctx.model.train()
     # the normaliser counts every sample, as if the whole batch went through the loss
     masks = [torch.tensor(s.mask[1:], dtype=torch.float32)[None] for s in samples]  # (1, T-1)
-    norm = batch_normalizer(ctx.algo.aggregation, masks, max_len=ctx.algo.max_len)
-    prepared = _prepare(ctx, _with_gradient(ctx.algo, samples))
-    totals: dict[str, float] = defaultdict(float)
-    weights: dict[str, float] = defaultdict(float)
-    for _ in range(ctx.updates_per_batch):
+    norm = batch_normalizer(algo.aggregation, masks, max_len=algo.max_len)
+    prepared = _prepare(ctx, _with_gradient(algo, samples))
+    params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
+    acc = StatsAccumulator(steps=ctx.updates_per_batch)
+    for _epoch in range(ctx.updates_per_batch):
         ctx.optimizer.zero_grad(set_to_none=True)
         for p in prepared:
-            stats = _micro_step(ctx, p, norm)
-            n = stats.get("num_tokens", 0.0)
-            for key, value in stats.items():
-                if key in ("loss", "pg_loss", "kl_loss", "entropy_loss", "value_loss"):
-                    totals[key] += value / ctx.updates_per_batch  # contributions already normalised
-                    weights[key] = 1.0
-                elif key != "num_tokens":
-                    totals[key] += value * n
-                    weights[key] += n
-        params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
+            new = _score(
+                ctx.model, p.batch, ctx.temperature, with_entropy=True,
+                entropy_grad=algo.entropy_coef > 0, with_hidden=value_head is not None,
+            )  # fmt: skip
+            values = None if value_head is None or new.hidden is None else value_head(new.hidden)
+            old = p.old_logprobs if p.old_logprobs is not None else new.logprobs.detach()
+            loss, stats = policy_objective(
+                algo,
+                logprobs=new.logprobs,  # (B, T-1), carries the gradient
+                old_logprobs=old,  # (B, T-1)
+                sampler_logprobs=p.batch.sampler_logprobs,  # (B, T-1)
+                advantages=p.batch.advantages,  # (B, T-1)
+                mask=p.batch.loss_mask,  # (B, T-1)
+                ref_logprobs=p.ref_logprobs,
+                entropy=new.entropy,
+                values=values,
+                old_values=p.old_values,
+                returns=p.returns,
+                normalizer=norm,
+            )
+            loss.backward()  # gradients accumulate over the micro-batches
+            acc.add_micro_batch({**stats, **_advantage_stats(p.batch)})
         grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)
-        totals["grad_norm"] += float(grad_norm) / ctx.updates_per_batch
-        weights["grad_norm"] = 1.0
+        acc.add_total("grad_norm", float(grad_norm))
         ctx.optimizer.step()
     ctx.scheduler.step()
-    out = {k: totals[k] / weights[k] for k in totals if weights[k] > 0}
+    out = acc.means()
     out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
     out["forward_tokens"] = float(sum(int(p.batch.loss_mask.sum()) for p in prepared))
     out["forward_positions"] = float(sum(int(p.batch.attention_mask.sum()) for p in prepared))
@@ -139,35 +211,9 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     return out
 
 
-def _micro_step(ctx: UpdateContext, p: _Prepared, norm: float) -> dict[str, float]:
-    """Forward, loss and backward for one micro-batch (gradients accumulate)."""
-    logprobs, entropy, hidden = forward_logprobs(
-        ctx.model,
-        p.batch,
-        ctx.temperature,
-        with_entropy=True,
-        entropy_grad=ctx.algo.entropy_coef > 0,
-        with_hidden=ctx.value_head is not None,
-    )
-    values = ctx.value_head(hidden) if ctx.value_head is not None and hidden is not None else None
-    old = p.old_logprobs if p.old_logprobs is not None else logprobs.detach()
-    loss, stats = policy_objective(
-        ctx.algo,
-        logprobs=logprobs,
-        old_logprobs=old,
-        sampler_logprobs=p.batch.sampler_logprobs,
-        advantages=p.batch.advantages,
-        mask=p.batch.loss_mask,
-        ref_logprobs=p.ref_logprobs,
-        entropy=entropy,
-        values=values,
-        old_values=p.old_values,
-        returns=p.returns,
-        normalizer=norm,
-    )
-    loss.backward()
-    adv = p.batch.advantages[p.batch.loss_mask > 0]
-    if adv.numel():
-        stats["adv_mean"] = float(adv.mean())
-        stats["adv_abs_mean"] = float(adv.abs().mean())
-    return stats
+def _advantage_stats(batch: Batch) -> dict[str, float]:
+    """Mean and mean absolute advantage over the micro-batch's trained tokens (none without any)."""
+    adv = batch.advantages[batch.loss_mask > 0]  # (N,)
+    if not adv.numel():
+        return {}
+    return {"adv_mean": float(adv.mean()), "adv_abs_mean": float(adv.abs().mean())}
