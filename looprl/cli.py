@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -130,14 +129,9 @@ def _default_output(args: argparse.Namespace) -> Path:
 
 
 def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
-    """`looprl eval`: run, stream results, print the summary, write metadata."""
-    from looprl.console import print_summary
-    from looprl.engines.factory import make_policy
+    """`looprl eval`: run, stream results, print the summary, write metadata; 1 if it failed."""
     from looprl.envs.registry import load_environment
-    from looprl.evaluation import error_headline, load_results, summarize, write_metadata
-    from looprl.rendering.renderer import Renderer
-    from looprl.rollout import RolloutConfig
-    from looprl.types import SamplingParams
+    from looprl.run_eval import EvalConfig, evaluate_and_report
 
     if args.num_tasks < 1 or args.rollouts < 1:
         raise SystemExit("error: -n and -r must be >= 1")
@@ -147,117 +141,15 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
         raise SystemExit(
             f"error: {out} already holds results; pass --resume to continue it or choose another --output"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.jsonl"
-    done, skipped = load_results(results_path, repair=True) if args.resume else ([], 0)
-    if skipped:
-        console.print(f"[yellow]skipped {skipped} malformed line(s) in {results_path}[/yellow]")
-    tasks = env.get_tasks(args.split, args.num_tasks, seed=args.seed)
-    sampling = SamplingParams(
-        max_tokens=args.max_tokens or env.limits.max_tokens_per_turn,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-    )
-    console.print(
-        f"[bold]looprl eval[/bold] {env.name} · model {args.model} · {len(tasks)} tasks x {args.rollouts} rollouts → {out}"
-    )
-    policy = make_policy(
-        args.model,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        seed=args.seed,
-        # every rollout of every group in flight may wait on the server at once
-        max_concurrency=args.concurrency * args.rollouts,
-    )
-    renderer = (
-        Renderer(policy.tokenizer, env.tool_schemas) if policy.tokenizer is not None else None
-    )
-    metadata: dict[str, Any] = {
-        "kind": "eval",
-        "env": args.env,
-        "env_kwargs": env_kwargs,
-        "model": args.model,
-        "base_url": args.base_url,
-        "sampling": sampling.to_dict(),
-        "num_tasks": len(tasks),
-        "rollouts_per_task": args.rollouts,
-        "split": args.split,
-        "seed": args.seed,
-        "status": "running",
-    }
-    write_metadata(out / "metadata.json", metadata)
-    try:
-        episodes, seconds = asyncio.run(
-            _run_with_progress(
-                env,
-                policy.engine,
-                tasks,
-                args,
-                renderer,
-                RolloutConfig(sampling=sampling, seed=args.seed),
-                results_path,
-                done,
-            )
-        )
-    except BaseException as exc:  # Ctrl-C or a bug: say so in the metadata, keep the results
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        metadata.update(
-            status="interrupted" if interrupted else "crashed",
-            error=f"{type(exc).__name__}: {exc}",
-            resume_hint="finished groups are kept in results.jsonl; rerun with --resume",
-        )
-        write_metadata(out / "metadata.json", metadata)
-        raise
-    summary = summarize(
-        episodes,
-        rollouts_per_task=args.rollouts,
-        generate_seconds=seconds,
-        pass_threshold=args.pass_threshold,
-    )
-    print_summary(summary, title=f"{env.name} · {args.model}")
-    headline, failed = error_headline(summary)
-    if headline:
-        console.print(f"[{'bold red' if failed else 'yellow'}]{headline}[/]", highlight=False)
-    status = "failed" if failed else "finished_with_errors" if headline else "finished"
-    metadata.update(status=status, summary=summary, seconds=seconds)
-    write_metadata(out / "metadata.json", metadata)
-    console.print(f"results: {results_path}\nmetadata: {out / 'metadata.json'}")
-    return 1 if failed else 0
-
-
-async def _run_with_progress(env, engine, tasks, args, renderer, config, results_path, done):  # type: ignore[no-untyped-def]
-    from looprl.console import progress_bar
-    from looprl.evaluation import evaluate
-
-    total = len(tasks) * args.rollouts
-    with progress_bar() as bar:
-        task_id = bar.add_task("episodes", total=total, info="")
-        bar.update(task_id, completed=min(total, len(done)))
-        rewards: list[float] = [ep.reward for ep in done]
-
-        def on_group(group):  # type: ignore[no-untyped-def]
-            rewards.extend(ep.reward for ep in group)
-            bar.update(
-                task_id, advance=len(group), info=f"reward {sum(rewards) / len(rewards):.3f}"
-            )
-
-        try:
-            return await evaluate(
-                env,
-                engine,
-                tasks,
-                rollouts_per_task=args.rollouts,
-                renderer=renderer,
-                config=config,
-                results_path=results_path,
-                done=done,
-                max_concurrent_groups=args.concurrency,
-                on_group=on_group,
-            )
-        finally:
-            await engine.close()
+    cfg = EvalConfig(
+        env=args.env, output=out, env_kwargs=env_kwargs, model=args.model, base_url=args.base_url,
+        api_key=args.api_key, num_tasks=args.num_tasks, rollouts=args.rollouts, split=args.split,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_tokens=args.max_tokens, seed=args.seed, pass_threshold=args.pass_threshold,
+        concurrency=args.concurrency, resume=args.resume,
+    )  # fmt: skip
+    outcome = evaluate_and_report(cfg, env)
+    return 1 if outcome.status == "failed" else 0
 
 
 def _train_parser(sub: Any) -> None:

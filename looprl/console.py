@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -15,6 +15,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from looprl.evaluation import Summary
 
 console = Console()
 
@@ -38,7 +41,7 @@ def _fmt(value: float) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def summary_table(summary: dict[str, Any], title: str = "Evaluation") -> Table:
+def summary_table(summary: Summary, title: str = "Evaluation") -> Table:
     """A two-column table of an evaluation summary from `looprl.evaluation.summarize`."""
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
@@ -73,7 +76,7 @@ def summary_table(summary: dict[str, Any], title: str = "Evaluation") -> Table:
     return table
 
 
-def print_summary(summary: dict[str, Any], title: str = "Evaluation") -> None:
+def print_summary(summary: Summary, title: str = "Evaluation") -> None:
     """Print the summary table, then the most common error messages if any."""
     console.print(summary_table(summary, title))
     for msg in summary.get("error_messages", []):

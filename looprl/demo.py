@@ -20,6 +20,8 @@ from rich.table import Table
 
 from looprl.console import console
 from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
+from looprl.evaluation import Summary
+from looprl.run_eval import EvalConfig, evaluate_and_report
 from looprl.types import Message, ToolCall
 
 
@@ -63,31 +65,14 @@ def teacher_rows(
 
 def _evaluate(
     model_name: str, out: Path, n: int, r: int, seed: int, temperature: float = 1.0
-) -> dict[str, Any]:
-    """Held-out evaluation through `looprl eval` (fresh output directory); returns its summary."""
-    from looprl.cli import main as cli_main
-
+) -> Summary:
+    """Held-out evaluation the way `looprl eval` runs it (fresh output directory); its summary."""
     shutil.rmtree(out, ignore_errors=True)
-    cli_main(
-        [
-            "eval",
-            "calculator",
-            "--model",
-            model_name,
-            "-n",
-            str(n),
-            "-r",
-            str(r),
-            "--seed",
-            str(seed),
-            "--temperature",
-            str(temperature),
-            "--output",
-            str(out),
-        ]
-    )
-    summary: dict[str, Any] = json.loads((out / "metadata.json").read_text())["summary"]
-    return summary
+    cfg = EvalConfig(
+        env="calculator", output=out, model=model_name, num_tasks=n, rollouts=r, seed=seed,
+        temperature=temperature,
+    )  # fmt: skip
+    return evaluate_and_report(cfg).summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _evaluate_both(args: argparse.Namespace, model: str, out: Path) -> dict[str, dict[str, Any]]:
+def _evaluate_both(args: argparse.Namespace, model: str, out: Path) -> dict[str, Summary]:
     """The same held-out tasks sampled at temperature 1 (`--eval-rollouts` each) and greedily."""
     n, seed = args.eval_tasks, args.seed
     return {
@@ -199,13 +184,13 @@ def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
     return trainer.run_dir
 
 
-def _accuracy(summary: dict[str, Any]) -> float:
+def _accuracy(summary: Summary) -> float:
     return float(summary["rewards"].get("correct_answer", float("nan")))
 
 
 def _print_before_after(
-    before: dict[str, dict[str, Any]],
-    after: dict[str, dict[str, Any]],
+    before: dict[str, Summary],
+    after: dict[str, Summary],
     out: Path,
     run_dir: Path,
     seconds: float,

@@ -9,7 +9,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from looprl import safe_json
 from looprl.engines.base import Engine
@@ -28,13 +28,47 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
+class Summary(TypedDict):
+    """Statistics of a set of episodes (an evaluation or a training batch), as `summarize` makes them.
+
+    Reward statistics cover the `scored_episodes` (no error of any kind); `rewards` holds the
+    mean of each reward function and metric; `pass_at_k` maps `pass@k` to the unbiased
+    estimate; the error counts are episodes (`rollout_errors` includes `infra_errors`);
+    `tool_errors` counts failed calls by kind; `per_env` splits a mixture by environment.
+    Turned into training metrics by `looprl.trainer.metrics`, into the console table by
+    `looprl.console.summary_table`, and saved in `metadata.json` for the viewer.
+    """
+
+    episodes: int
+    scored_episodes: int
+    reward_mean: float
+    reward_std: float
+    rewards: dict[str, float]
+    pass_at_k: dict[str, float]
+    turns_mean: float
+    tool_calls_mean: float
+    tool_errors: dict[str, int]
+    truncated: int
+    stop_reasons: dict[str, int]
+    rollout_errors: int
+    infra_errors: int
+    scoring_errors: int
+    error_messages: list[str]
+    template_breaks: int
+    per_env: NotRequired[dict[str, dict[str, Any]]]
+    generated_tokens: int
+    generated_tokens_mean: float
+    generate_seconds: NotRequired[float]
+    tokens_per_second: NotRequired[float]
+
+
 def summarize(
     episodes: list[EpisodeResult],
     *,
     rollouts_per_task: int,
     generate_seconds: float | None = None,
     pass_threshold: float = 1.0,
-) -> dict[str, Any]:
+) -> Summary:
     """Summary statistics of an evaluation (or a training batch).
 
     Reward statistics use only episodes without rollout or scoring errors; errors are counted
@@ -42,38 +76,38 @@ def summarize(
     """
     scored = [ep for ep in episodes if ep.trainable]
     rewards = [ep.reward for ep in scored]
-    out: dict[str, Any] = {
-        "episodes": len(episodes),
-        "scored_episodes": len(scored),
-        "reward_mean": statistics.fmean(rewards) if rewards else float("nan"),
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-    }
     by_fn: dict[str, list[float]] = defaultdict(list)
     for ep in scored:
         for name, value in ep.rewards.items():
             by_fn[name].append(value)
-    out["rewards"] = {name: statistics.fmean(vals) for name, vals in by_fn.items()}
-    out["pass_at_k"] = _pass_at_k_table(scored, rollouts_per_task, pass_threshold)
-    out["turns_mean"] = _mean([ep.num_turns for ep in episodes])
-    out["tool_calls_mean"] = _mean([ep.num_tool_calls for ep in episodes])
     tool_errors: Counter[str] = Counter()
     for ep in episodes:
         tool_errors.update(ep.tool_errors)
-    out["tool_errors"] = dict(sorted(tool_errors.items()))
-    out["truncated"] = sum(ep.truncated for ep in episodes)
-    out["stop_reasons"] = dict(Counter(ep.stop_reason for ep in episodes))
-    out["rollout_errors"] = sum(ep.rollout_error for ep in episodes)
-    out["infra_errors"] = sum(ep.infra_error for ep in episodes)
-    out["scoring_errors"] = sum(ep.scoring_error for ep in episodes)
-    out["error_messages"] = _top_errors(episodes)
-    out["template_breaks"] = sum(int(ep.metrics.get("template_breaks", 0)) for ep in episodes)
+    tokens = sum(ep.num_generated_tokens for ep in episodes)
+    out = Summary(
+        episodes=len(episodes),
+        scored_episodes=len(scored),
+        reward_mean=statistics.fmean(rewards) if rewards else float("nan"),
+        reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        rewards={name: statistics.fmean(vals) for name, vals in by_fn.items()},
+        pass_at_k=_pass_at_k_table(scored, rollouts_per_task, pass_threshold),
+        turns_mean=_mean([ep.num_turns for ep in episodes]),
+        tool_calls_mean=_mean([ep.num_tool_calls for ep in episodes]),
+        tool_errors=dict(sorted(tool_errors.items())),
+        truncated=sum(ep.truncated for ep in episodes),
+        stop_reasons=dict(Counter(ep.stop_reason for ep in episodes)),
+        rollout_errors=sum(ep.rollout_error for ep in episodes),
+        infra_errors=sum(ep.infra_error for ep in episodes),
+        scoring_errors=sum(ep.scoring_error for ep in episodes),
+        error_messages=_top_errors(episodes),
+        template_breaks=sum(int(ep.metrics.get("template_breaks", 0)) for ep in episodes),
+        generated_tokens=tokens,
+        generated_tokens_mean=tokens / len(episodes) if episodes else 0.0,
+    )
     if len({ep.task.env for ep in episodes}) > 1:
         from looprl.envs.mixture import per_env_summary
 
         out["per_env"] = per_env_summary(episodes)
-    tokens = sum(ep.num_generated_tokens for ep in episodes)
-    out["generated_tokens"] = tokens
-    out["generated_tokens_mean"] = tokens / len(episodes) if episodes else 0.0
     if generate_seconds:
         out["generate_seconds"] = generate_seconds
         out["tokens_per_second"] = tokens / generate_seconds
@@ -168,7 +202,7 @@ def set_aside(results_path: Path, kept: list[EpisodeResult], dropped: list[Episo
     tmp.replace(results_path)
 
 
-def error_headline(summary: dict[str, Any], *, fail_fraction: float = 0.5) -> tuple[str, bool]:
+def error_headline(summary: Summary, *, fail_fraction: float = 0.5) -> tuple[str, bool]:
     """A one-line verdict on errored episodes and whether the run failed.
 
     Returns ("", False) when nothing errored. A run fails when at least `fail_fraction` of its

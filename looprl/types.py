@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from looprl import safe_json
 
@@ -18,6 +18,22 @@ StopReason = Literal["", "done", "max_turns", "max_tokens", "max_context", "time
 """Why an episode ended ("" until it has): the environment said done, a limit cut it
 (`max_turns`, `max_tokens` per turn, `max_context_tokens`, the wall-clock `timeout`), or an
 engine or environment `error`."""
+
+
+ErrorKind = Literal["infra", "rollout", "scoring"]
+
+
+class EpisodeError(TypedDict):
+    """One error recorded on an episode (a plain dict in files, typed in code).
+
+    `kind` says whose fault it was: `infra` (the engine, a server, a hung tool, the wall-clock
+    limit: the episode is retried by `looprl eval --resume`), `rollout` (the environment failed
+    or the episode could not start), `scoring` (a reward function raised; `function` names it).
+    """
+
+    kind: ErrorKind
+    message: str
+    function: NotRequired[str]
 
 
 @dataclass
@@ -207,13 +223,15 @@ class EpisodeResult:
     """Everything one rollout produced.
 
     `rewards` maps each reward function (weighted or zero-weight metric) to its value; `reward`
-    is the weighted total. `errors` holds structured error records (`{"kind", "message", ...}`):
+    is the weighted total. `errors` holds `EpisodeError` records (`{"kind", "message", ...}`):
     kind `infra` (a fault outside the model and the environment's code: the engine or server
     failed, a tool hung, the episode's wall-clock limit ran out; the episode is unusable and
     `looprl eval --resume` runs its group again), `rollout` (the environment failed, or the
     episode could not start: unusable), `scoring` (a reward function raised: excluded from
     training statistics). `tool_errors` counts failed tool calls
-    by kind. `timings` holds seconds per phase (generate, tools, score, total).
+    by kind. `timings` holds seconds per phase (generate, tools, score, total). `state` is the
+    environment's per-episode state; what JSON can hold is saved (the task itself is not: it
+    is saved once, as `task`).
     """
 
     task: Task
@@ -222,7 +240,7 @@ class EpisodeResult:
     reward: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[EpisodeError] = field(default_factory=list)
     tool_errors: dict[str, int] = field(default_factory=dict)
     num_turns: int = 0
     num_tool_calls: int = 0
@@ -274,7 +292,7 @@ class EpisodeResult:
             "stop_reason": self.stop_reason,
             "timings": self.timings,
             "rollout_index": self.rollout_index,
-            "state": _jsonable(self.state),
+            "state": _jsonable({k: v for k, v in self.state.items() if not isinstance(v, Task)}),
         }
 
     @classmethod

@@ -207,12 +207,12 @@ async def test_prompt_without_room_to_generate_is_not_scored(tiny_tokenizer) -> 
 
 
 def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
-    import looprl.evaluation
+    import looprl.run_eval
 
     async def broken(*args, **kwargs):
         raise RuntimeError("bug in the loop")
 
-    monkeypatch.setattr(looprl.evaluation, "evaluate", broken)
+    monkeypatch.setattr(looprl.run_eval, "evaluate", broken)
     out = tmp_path / "crash"
     with pytest.raises(RuntimeError, match="bug in the loop"):
         main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])

@@ -226,7 +226,7 @@ def write_hostile_run(path: Path, payload: str, encode: Encode | None = None) ->
         ep = EpisodeResult(task=task, messages=msgs, rollout_index=n, num_turns=2)
         ep.reward, ep.rewards, ep.metrics = 0.5 * n, {payload: 0.5 * n}, {payload: 1.0}
         ep.state = {payload: payload}
-        ep.errors = [{"kind": payload, "message": payload}]
+        ep.errors = [{"kind": payload, "message": payload}]  # type: ignore[typeddict-item]
         ep.tool_errors, ep.timings = {payload: 1}, {payload: 0.25}
         ep.stop_reason = payload  # type: ignore[assignment]  # a hostile file, not a real reason
         eps.append(ep)
