@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.safe_json import loads_strict
+from looprl.trainer.checkpoint_files import STEP_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK_ENV = str(ROOT / "benchmarks" / "soak_env.py")
@@ -91,7 +92,7 @@ def check_jsonl(path: Path) -> int:
 
 def damage_newest_checkpoint(run_dir: Path, rng: random.Random) -> bool:
     """Flip bytes in the largest file of the newest checkpoint; False when there is none."""
-    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir())
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if STEP_DIR.match(p.name))
     if not ckpts:
         return False
     files = sorted((p for p in ckpts[-1].iterdir() if p.is_file()), key=lambda p: p.stat().st_size)

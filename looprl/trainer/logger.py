@@ -1,9 +1,7 @@
 """Training metrics to `metrics.jsonl`, TensorBoard and one Rich console line per step; rollout dumps.
 
-Metric keys follow one convention (the viewer and `plots` read them): `reward/mean`,
-`reward/std`, `reward/<fn>`, `eval/<metric>`, `kl`, `entropy`, `clip_frac`, `mismatch_kl`,
-`tokens_per_s`, `time/generate`, `time/score`, `time/train`, `time/sync`, `loss`, `adv/mean`,
-`adv/std`, `ratio/mean`, `zero_var_frac`, `lr`, `grad_norm`. Any other key is logged as well.
+Metric keys are declared once, in `looprl.trainer.metrics.METRICS` (listed in docs/metrics.md);
+the logger writes whatever it is given, and a test holds the trainer to that vocabulary.
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ from typing import Any
 
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
-from looprl.evaluation import ResultsWriter, error_headline, summarize, write_metadata
+from looprl.evaluation import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
+from looprl.run_eval import EvalJob, run_eval
 from looprl.trainer import setup as S
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
+from looprl.trainer.metrics import batch_metrics, eval_metrics
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.types import EpisodeResult, SamplingParams, Task
 
@@ -257,69 +259,29 @@ class Trainer:
         summary = summarize(
             episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s
         )
-        out = {
-            "reward/mean": summary["reward_mean"],
-            "reward/std": summary["reward_std"],
-            "turns": summary["turns_mean"],
-            "tool_calls": summary["tool_calls_mean"],
-            "truncated_frac": summary["truncated"] / max(1, len(episodes)),
-            "rollout_errors": float(summary["rollout_errors"]),
-            "infra_errors": float(summary["infra_errors"]),
-            "scoring_errors": float(summary["scoring_errors"]),
-            "tokens_per_s": summary.get("tokens_per_second", 0.0),
-            "gen_tokens": float(summary["generated_tokens"]),
-            "time/score": sum(ep.timings.get("score", 0.0) for ep in episodes),
-        }
         headline, most_failed = error_headline(summary)
         if most_failed:  # the update learns from the few survivors: say so at once
             console.print(f"[bold red]this batch: {headline}[/]", highlight=False)
-        out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
-        for env_name, row in summary.get(
-            "per_env", {}
-        ).items():  # mixtures: one series per environment
-            if "reward" in row:
-                out[f"env/{env_name}/reward"] = row["reward"]
-            out.update({f"env/{env_name}/{k}": v for k, v in row.get("rewards", {}).items()})
+        out = batch_metrics(summary, len(episodes))
+        out["time/score"] = sum(ep.timings.get("score", 0.0) for ep in episodes)
         return out
 
     async def _evaluate(self, step: int) -> dict[str, float]:
-        """Held-out evaluation; results saved under eval/step_XXXXXX/."""
+        """Held-out evaluation through the one evaluation path; saved under eval/step_XXXXXX/."""
         cfg = self.cfg.trainer
         sampling = SamplingParams(
             **{**self.sampling.to_dict(), "temperature": cfg.eval_temperature}
         )
-        config = RolloutConfig(sampling=sampling, seed=step_seed(cfg.seed, 0, "eval"))
-        out_dir = self.run_dir / "eval" / f"step_{step:06d}"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.jsonl").unlink(missing_ok=True)
-        writer = ResultsWriter(out_dir / "results.jsonl")
-        t0 = time.perf_counter()
-        groups = await run_groups(
-            self.env, self.engine, [(t, list(range(cfg.eval_rollouts))) for t in self.eval_tasks],
-            renderer=self.renderer, config=config, on_group=writer.write_group,
+        job = EvalJob(
+            env=self.env, engine=self.engine, tasks=self.eval_tasks,
+            rollouts_per_task=cfg.eval_rollouts, renderer=self.renderer,
+            config=RolloutConfig(sampling=sampling, seed=step_seed(cfg.seed, 0, "eval")),
+            output=self.run_dir / "eval" / f"step_{step:06d}",
+            metadata={"kind": "eval", "step": step, "model": self.cfg.model.name,
+                      "sampling": sampling.to_dict()},
         )  # fmt: skip
-        seconds = time.perf_counter() - t0
-        episodes = [ep for g in groups for ep in g]
-        summary = summarize(episodes, rollouts_per_task=cfg.eval_rollouts, generate_seconds=seconds)
-        write_metadata(
-            out_dir / "metadata.json",
-            {
-                "kind": "eval",
-                "step": step,
-                "model": self.cfg.model.name,
-                "sampling": sampling.to_dict(),
-                "summary": summary,
-            },
-        )
-        out = {"eval/reward": summary["reward_mean"], "time/eval": seconds}
-        out.update({f"eval/{k}": v for k, v in summary["rewards"].items()})
-        out.update({f"eval/{k}": v for k, v in summary["pass_at_k"].items()})
-        for env_name, row in summary.get("per_env", {}).items():
-            if "reward" in row:
-                out[f"eval/{env_name}/reward"] = row["reward"]
-        out["eval/turns"] = summary["turns_mean"]
-        out["eval/gen_tokens"] = summary["generated_tokens_mean"]
-        return out
+        outcome = await run_eval(job)
+        return {**eval_metrics(outcome.summary), "time/eval": outcome.seconds}
 
     def _save_rollouts(self, step: int, groups: list[list[EpisodeResult]]) -> None:
         from looprl.trainer.logger import save_rollouts
