@@ -148,6 +148,7 @@ def _record(result: EpisodeResult, outcome: StepOutcome) -> None:
     for kind, count in outcome.tool_errors.items():
         result.tool_errors[kind] = result.tool_errors.get(kind, 0) + count
     result.errors.extend({"kind": "infra", "message": m} for m in outcome.infra_errors)
+    result.tool_outcomes.extend(outcome.tool_outcomes)
 
 
 def _add_time(result: EpisodeResult, phase: str, since: float) -> None:

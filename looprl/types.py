@@ -68,6 +68,39 @@ class ToolCall:
 
 
 @dataclass
+class ToolOutcome:
+    """How one tool call went, recorded on the episode for rubrics and metrics.
+
+    `error_kind` is None for a call that ran, else the kind (`looprl.tools.ERROR_KINDS`, or the
+    tool's own kind from a `ToolError`); `status` is what the tool reported of its own work (a
+    sandbox's `ok`, `error`, `timeout`, `sandbox_error`...; empty when it reports nothing);
+    `infra` is True when the tool, not the model's call, failed.
+    """
+
+    name: str
+    call_id: str = ""
+    error_kind: str | None = None
+    status: str = ""
+    seconds: float = 0.0
+    truncated: bool = False
+    infra: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The call ran without a tool error."""
+        return self.error_kind is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolOutcome:
+        """Inverse of `to_dict`."""
+        return cls(**d)
+
+
+@dataclass
 class Message:
     """One chat message.
 
@@ -229,7 +262,7 @@ class EpisodeResult:
     `looprl eval --resume` runs its group again), `rollout` (the environment failed, or the
     episode could not start: unusable), `scoring` (a reward function raised: excluded from
     training statistics). `tool_errors` counts failed tool calls
-    by kind. `timings` holds seconds per phase (generate, tools, score, total). `state` is the
+    by kind; `tool_outcomes` says how each call went, in order. `timings` holds seconds per phase (generate, tools, score, total). `state` is the
     environment's per-episode state; what JSON can hold is saved (the task itself is not: it
     is saved once, as `task`).
     """
@@ -242,6 +275,7 @@ class EpisodeResult:
     metrics: dict[str, float] = field(default_factory=dict)
     errors: list[EpisodeError] = field(default_factory=list)
     tool_errors: dict[str, int] = field(default_factory=dict)
+    tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     num_turns: int = 0
     num_tool_calls: int = 0
     truncated: bool = False
@@ -286,6 +320,7 @@ class EpisodeResult:
             "metrics": self.metrics,
             "errors": self.errors,
             "tool_errors": self.tool_errors,
+            "tool_outcomes": [o.to_dict() for o in self.tool_outcomes],
             "num_turns": self.num_turns,
             "num_tool_calls": self.num_tool_calls,
             "truncated": self.truncated,
@@ -307,6 +342,7 @@ class EpisodeResult:
             metrics=d["metrics"],
             errors=d["errors"],
             tool_errors=d["tool_errors"],
+            tool_outcomes=[ToolOutcome.from_dict(o) for o in d.get("tool_outcomes", [])],
             num_turns=d["num_turns"],
             num_tool_calls=d["num_tool_calls"],
             truncated=d["truncated"],

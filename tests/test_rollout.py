@@ -219,3 +219,17 @@ async def test_message_level_engine_has_no_tokens(env):
     engine = ScriptedEngine(solver)  # no tokenizer: message-level, like a hosted API
     [ep] = await run_group(env, engine, env.get_tasks("eval", 1)[0], 1, renderer=None)
     assert ep.reward == 1.0 and ep.trajectories[0].token_ids == []
+
+
+async def test_tool_outcomes_are_recorded_on_the_episode(env, tiny_tokenizer):
+    engine = ScriptedEngine(solver, tiny_tokenizer)
+    task = env.get_tasks("eval", 1, seed=3)[0]
+    [ep] = await run_group(env, engine, task, 1, renderer=Renderer(tiny_tokenizer))
+    [outcome] = ep.tool_outcomes
+    assert (outcome.name, outcome.call_id, outcome.ok, outcome.infra) == (
+        "calculate",
+        "call_0",
+        True,
+        False,
+    )
+    assert EpisodeResult.from_json(ep.to_json()).tool_outcomes == ep.tool_outcomes

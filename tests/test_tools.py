@@ -498,3 +498,33 @@ async def test_non_json_result_falls_back() -> None:
     ex = ToolExecutor([make_tool(point), make_tool(opaque)])
     r1, r2 = await ex.run([call("point"), call("opaque", "call_1")], {})
     assert (r1.content, r2.content) == ('{"x":1,"y":2}', "<opaque>")
+
+
+async def test_tool_error_kinds_and_tool_replies_are_recorded() -> None:
+    from looprl.tools import ToolError, ToolReply
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key.
+        """
+        if key == "down":
+            raise ToolError("the backend is down", kind="backend_down", infra=True)
+        if key == "missing":
+            raise ToolError("no such key; try another", kind="not_found")
+        return ToolReply(f"value of {key}", status="hit")  # type: ignore[return-value]
+
+    ex = ToolExecutor([lookup])
+    a, b, c = await ex.run([call("lookup", "c0", key="k"), call("lookup", "c1", key="missing"),
+                            call("lookup", "c2", key="down")], {})  # fmt: skip
+    ex.close()
+    assert (a.content, a.error_kind, a.status) == ("value of k", None, "hit")
+    assert (b.content, b.error_kind, b.infra) == (
+        "Error: no such key; try another",
+        "not_found",
+        False,
+    )
+    assert (c.error_kind, c.infra) == ("backend_down", True)
+    assert count_tool_errors([a, b, c]) == {"not_found": 1, "backend_down": 1}
+    assert a.outcome().ok and a.outcome().status == "hit" and not b.outcome().ok

@@ -20,7 +20,7 @@ from looprl.rendering.parser import ParsedTurn, get_parser
 from looprl.rubrics import Rubric
 from looprl.tools.executor import ToolExecutor, count_tool_errors
 from looprl.tools.schema import make_tools
-from looprl.types import Message, Task
+from looprl.types import Message, Task, ToolOutcome
 
 GENERATED_EPOCH = 1000  # tasks asked of a training-task generator per epoch
 
@@ -54,6 +54,7 @@ class StepOutcome:
 
     `infra_errors` lists faults that were not the model's (a tool that hung): the rollout records
     each on the episode as an error of kind `infra`, which keeps the episode out of training.
+    `tool_outcomes` says how each call of the turn went; the rollout keeps them on the episode.
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -61,6 +62,7 @@ class StepOutcome:
     tool_errors: dict[str, int] = field(default_factory=dict)
     num_tool_calls: int = 0
     infra_errors: list[str] = field(default_factory=list)
+    tool_outcomes: list[ToolOutcome] = field(default_factory=list)
 
 
 class Environment:
@@ -250,4 +252,5 @@ class ToolEnv(Environment):
             tool_errors=errors,
             num_tool_calls=len(parsed.calls) + len(parsed.errors),
             infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
+            tool_outcomes=[r.outcome() for r in results],
         )

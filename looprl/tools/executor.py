@@ -34,7 +34,7 @@ import pydantic_core
 from looprl.safe_json import clean_text
 from looprl.tools.schema import Tool, make_tool, make_tools
 from looprl.tools.threads import ToolThreads, ToolThreadsExhausted
-from looprl.types import Message, ToolCall
+from looprl.types import Message, ToolCall, ToolOutcome
 
 if TYPE_CHECKING:
     from looprl.rendering.parser import ParsedTurn, ParseError
@@ -78,10 +78,46 @@ class ToolResult:
     seconds: float = 0.0
     truncated: bool = False
     infra: bool = False
+    status: str = ""
 
     def to_message(self) -> Message:
         """The tool message answering the call."""
         return Message(role="tool", content=self.content, tool_call_id=self.call_id, name=self.name)
+
+    def outcome(self) -> ToolOutcome:
+        """The record of this call kept on the episode."""
+        return ToolOutcome(
+            name=self.name, call_id=self.call_id, error_kind=self.error_kind, status=self.status,
+            seconds=self.seconds, truncated=self.truncated, infra=self.infra,
+        )  # fmt: skip
+
+
+class ToolError(Exception):
+    """Raise it from a tool to fail a call with a kind of your own (else `exception`).
+
+    `message` is what the model reads (after "Error: "); `kind` is counted in the episode's
+    `tool_errors`; `infra=True` says the failure was not the model's (a backend down): the
+    episode is then kept out of training and retried by `looprl eval --resume`.
+    """
+
+    def __init__(self, message: str, *, kind: str = "tool_error", infra: bool = False) -> None:
+        super().__init__(message)
+        if not kind:
+            raise ValueError("ToolError needs a non-empty kind")
+        self.kind = kind
+        self.infra = infra
+
+
+@dataclass
+class ToolReply:
+    """Return it from a tool to report a status of its own next to the text the model reads.
+
+    `content` becomes the tool message; `status` (e.g. a sandbox's `ok` or `timeout`) is
+    recorded in the episode's `tool_outcomes`, so rubrics read it without parsing text.
+    """
+
+    content: str
+    status: str = ""
 
 
 class _CallError(Exception):
@@ -192,16 +228,21 @@ class ToolExecutor:
         start = time.perf_counter()
         kind: str | None = None
         infra = False
+        status = ""
         try:
             tool = self._lookup(call.name)
             kwargs = self._arguments(tool, call.arguments)
             kwargs.update(_hidden_arguments(tool, state))
-            content = _encode(await self._invoke(tool, kwargs))
+            value = await self._invoke(tool, kwargs)
+            if isinstance(value, ToolReply):
+                status = value.status
+                value = value.content
+            content = _encode(value)
         except _CallError as err:
             kind, content, infra = err.kind, f"Error: {err}", err.infra
         text, truncated = self._truncate(clean_text(content))
         seconds = time.perf_counter() - start
-        return ToolResult(call.id, call.name, text, kind, seconds, truncated, infra)
+        return ToolResult(call.id, call.name, text, kind, seconds, truncated, infra, status)
 
     @property
     def hung_calls(self) -> int:
@@ -266,6 +307,8 @@ class ToolExecutor:
             if deadline.expired():
                 raise self._timeout(tool) from None
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        except ToolError as exc:
+            raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
 
@@ -289,6 +332,8 @@ class ToolExecutor:
             if deadline.expired():
                 raise self._timeout(tool) from None
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        except ToolError as exc:
+            raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         finally:
