@@ -29,6 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check looprl tests benchmarks
 	$(BIN)/ruff format --check looprl tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/python .ci/check_sizes.py looprl benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache

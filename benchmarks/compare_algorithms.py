@@ -125,10 +125,29 @@ def main() -> None:
         "s / step",
     ):
         table.add_column(col, justify="right")
-    series, bands = {}, {}
+    series, bands = _table_rows(table, results, key, args.target)
+    console.print(table)
+    _print_paired(results, key, args.seeds)
+    plot = plot_comparison(
+        series,
+        args.out / "comparison.png",
+        "held-out accuracy by preset (mean ± std over seeds)",
+        "step",
+        "accuracy",
+        bands=bands,
+    )
+    console.print(f"plot: {plot}\ntotal {time.perf_counter() - t0:.0f} s")
+
+
+def _table_rows(
+    table: Table, results: dict[str, list[list[dict]]], key: str, target: float
+) -> tuple[dict[str, list], dict[str, list]]:
+    """Add one row per preset; return the mean curves and their ± std bands for the plot."""
+    series: dict[str, list] = {}
+    bands: dict[str, list] = {}
     for preset, runs in results.items():
         finals = [[r[key] for r in rows if r.get(key) is not None][-1] for rows in runs]
-        reach = [first_reach(rows, key, args.target) for rows in runs]
+        reach = [first_reach(rows, key, target) for rows in runs]
         steps = [s for s, _ in reach if s is not None]
         walls = [w for _, w in reach if w is not None]
         per_step = statistics.median(rows[-1]["wall_time"] / rows[-1]["step"] for rows in runs)
@@ -156,17 +175,7 @@ def main() -> None:
             )
             for s, v in sorted(evals.items())
         ]
-    console.print(table)
-    _print_paired(results, key, args.seeds)
-    plot = plot_comparison(
-        series,
-        args.out / "comparison.png",
-        "held-out accuracy by preset (mean ± std over seeds)",
-        "step",
-        "accuracy",
-        bands=bands,
-    )
-    console.print(f"plot: {plot}\ntotal {time.perf_counter() - t0:.0f} s")
+    return series, bands
 
 
 if __name__ == "__main__":

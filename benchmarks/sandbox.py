@@ -311,8 +311,8 @@ async def fairness(workers: int, backlog: int, seconds: float, rounds: int) -> N
         print(f"| {name} | {statistics.median(runs[fair]):.2f} | {rounds_s} |")
 
 
-async def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the table."""
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="sequential calls per fast backend")
     parser.add_argument(
@@ -348,54 +348,53 @@ async def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only measure a quick call's latency behind a backlog of long calls",
     )
-    args = parser.parse_args(argv)
-    if args.fairness:
-        await fairness(args.workers or 2, backlog=8, seconds=0.5, rounds=args.rounds)
-        return
-    meter = CpuMeter()
-    if args.session_stop:
-        try:
-            await session_stop_cost(args.calls, args.rounds, meter)
-        finally:
-            meter.close()
-        return
+    return parser
+
+
+async def make_backend(backend: str, args: argparse.Namespace) -> Executor | None:
+    """The executor named `backend` (started), or None for the bare `python -c` reference."""
     limits = SandboxLimits(timeout=30)
+    if backend == "forkserver":
+        preload = tuple(m for m in args.preload.split(",") if m)
+        lean = (
+            None
+            if args.lean_preload == "none"
+            else tuple(m for m in args.lean_preload.split(",") if m)
+        )
+        ex = ForkServerExecutor(limits, workers=args.workers, preload=preload, lean_preload=lean)
+        await ex.start()
+        print(ex.isolation_report().summary(), file=sys.stderr)
+        return ex
+    if backend == "subprocess":
+        return SubprocessExecutor(limits, max_concurrency=CONCURRENCY)
+    if backend == "python-c":
+        return None
+    raise SystemExit(f"unknown backend {backend!r}; choose forkserver, subprocess, python-c")
+
+
+async def measure_backends(
+    args: argparse.Namespace, meter: CpuMeter
+) -> list[tuple[str, str, dict]]:
+    """(backend, snippet, measurement) for every backend and snippet."""
     rows = []
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
-    try:
-        for backend in args.backends.split(","):
-            ex: Executor | None = None
-            if backend == "forkserver":
-                preload = tuple(m for m in args.preload.split(",") if m)
-                lean = (
-                    None
-                    if args.lean_preload == "none"
-                    else tuple(m for m in args.lean_preload.split(",") if m)
-                )
-                ex = ForkServerExecutor(
-                    limits, workers=args.workers, preload=preload, lean_preload=lean
-                )
-                await ex.start()
-                print(ex.isolation_report().summary(), file=sys.stderr)
-            elif backend == "subprocess":
-                ex = SubprocessExecutor(limits, max_concurrency=CONCURRENCY)
-            elif backend != "python-c":
-                raise SystemExit(
-                    f"unknown backend {backend!r}; choose forkserver, subprocess, python-c"
-                )
-            run = ex.execute if ex is not None else fresh_python
-            calls = args.calls if backend == "forkserver" else args.slow_calls
-            rounds = args.rounds if backend == "forkserver" else 1
-            split = None
-            if args.breakdown and isinstance(ex, ForkServerExecutor):
-                split = Breakdown(ex.namespaces)
-            for name, code in SNIPPETS.items():
-                m = await measure(run, code, calls, meter, rounds, split)
-                rows.append((backend, name, m))
-            if ex is not None:
-                await ex.close()
-    finally:
-        meter.close()
+    for backend in args.backends.split(","):
+        ex = await make_backend(backend, args)
+        run = ex.execute if ex is not None else fresh_python
+        calls = args.calls if backend == "forkserver" else args.slow_calls
+        rounds = args.rounds if backend == "forkserver" else 1
+        split = None
+        if args.breakdown and isinstance(ex, ForkServerExecutor):
+            split = Breakdown(ex.namespaces)
+        for name, code in SNIPPETS.items():
+            m = await measure(run, code, calls, meter, rounds, split)
+            rows.append((backend, name, m))
+        if ex is not None:
+            await ex.close()
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, dict]], load_before: list[str]) -> None:
+    """The results table, with the load average before and after."""
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     print(f"\n{os.cpu_count()} CPU cores; load average before {load_before}, after {load_after}")
     header = (
@@ -415,6 +414,24 @@ async def main(argv: list[str] | None = None) -> None:
     for backend, name, m in rows:
         if m.get("breakdown"):
             print(f"{backend} {name}, per call in the median round: {m['breakdown']}")
+
+
+async def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print the table."""
+    args = build_parser().parse_args(argv)
+    if args.fairness:
+        await fairness(args.workers or 2, backlog=8, seconds=0.5, rounds=args.rounds)
+        return
+    meter = CpuMeter()
+    try:
+        if args.session_stop:
+            await session_stop_cost(args.calls, args.rounds, meter)
+            return
+        load_before = Path("/proc/loadavg").read_text().split()[:3]
+        rows = await measure_backends(args, meter)
+    finally:
+        meter.close()
+    print_table(rows, load_before)
 
 
 if __name__ == "__main__":

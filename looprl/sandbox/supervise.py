@@ -167,18 +167,26 @@ def _wait(child: Child, call: _Call, deadline: float) -> str:
                 poller.unregister(fd)
             elif not _read_into(fd, sinks[fd], call):
                 poller.unregister(fd)
-        if call.result is not None:
-            _drain(child, call)  # output written before the result frame but not yet polled
-            return "result"
-        if call.bad_frame:
-            return "protocol"
-        if call.over:
-            return "output"
-        if child.pidfd is None and not exited:
+        if child.pidfd is None and not exited and call.result is None:
             exited = _exited_nohang(child.pid)
-        if exited:
-            _drain(child, call)
-            return "result" if call.result is not None else "exited"
+        verdict = _verdict(child, call, exited)
+        if verdict is not None:
+            return verdict
+
+
+def _verdict(child: Child, call: _Call, exited: bool) -> str | None:
+    """How the call ended after a poll round, or None while it goes on."""
+    if call.result is not None:
+        _drain(child, call)  # output written before the result frame but not yet polled
+        return "result"
+    if call.bad_frame:
+        return "protocol"
+    if call.over:
+        return "output"
+    if exited:
+        _drain(child, call)
+        return "result" if call.result is not None else "exited"
+    return None
 
 
 def _exited_nohang(pid: int) -> bool:

@@ -149,17 +149,9 @@ def _check_type(tp: Any, where: str) -> None:
         _check_type(get_args(tp)[0], where)
         return
     if origin is Literal:
-        for value in get_args(tp):
-            if not isinstance(value, (str, int, float, bool, type(None))):
-                raise TypeError(
-                    f"{where}: Literal values must be str, int, float, bool or None, got {value!r}"
-                )
+        _check_literal(tp, where)
         return
-    if origin in (Union, types.UnionType):
-        for arg in get_args(tp):
-            _check_type(arg, where)
-        return
-    if tp in (list, dict) or origin is list:
+    if origin in (Union, types.UnionType, list) or tp in (list, dict):
         for arg in get_args(tp):
             _check_type(arg, where)
         return
@@ -177,6 +169,15 @@ def _check_type(tp: Any, where: str) -> None:
         f"{where}: unsupported type {tp!r}; use str, int, float, bool, list[T], dict[str, T], "
         "Literal[...], Optional[T] / T | None, an Enum, a pydantic model or a TypedDict"
     )
+
+
+def _check_literal(tp: Any, where: str) -> None:
+    """Raise TypeError unless every value of a `Literal[...]` is JSON-scalar."""
+    for value in get_args(tp):
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            raise TypeError(
+                f"{where}: Literal values must be str, int, float, bool or None, got {value!r}"
+            )
 
 
 def _clean(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
