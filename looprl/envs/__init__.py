@@ -1,6 +1,15 @@
 """Environments: tasks, tools, rubric and limits; engine- and trainer-agnostic."""
 
 from looprl.envs.base import Environment, Limits, MultiTurnEnv, SingleTurnEnv, StepOutcome, ToolEnv
+from looprl.envs.kit import (
+    final_raw,
+    final_reply,
+    shown_outcomes,
+    split_of,
+    tool_call_validity,
+    tool_calls,
+    used_tool,
+)
 from looprl.envs.registry import available_environments, load_environment
 
 __all__ = [
@@ -11,5 +20,12 @@ __all__ = [
     "StepOutcome",
     "ToolEnv",
     "available_environments",
+    "final_raw",
+    "final_reply",
     "load_environment",
+    "shown_outcomes",
+    "split_of",
+    "tool_call_validity",
+    "tool_calls",
+    "used_tool",
 ]

@@ -200,15 +200,15 @@ class MultiTurnEnv(Environment):
     """A conversation driven by `env_response` (games, simulated users). Subclass and override it."""
 
     async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
-        """Messages answering the last assistant turn; return [] to end the episode."""
+        """Messages answering the last assistant turn; an empty list ends the episode."""
         raise NotImplementedError("MultiTurnEnv subclasses must implement env_response")
 
     async def step(
         self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
     ) -> StepOutcome:
-        """Ask `env_response`; an empty answer (or `state['done']`) ends the episode."""
+        """Ask `env_response`; an empty answer ends the episode."""
         reply = await self.env_response(messages, state)
-        return StepOutcome(messages=list(reply), done=not reply or bool(state.get("done")))
+        return StepOutcome(messages=list(reply), done=not reply)
 
 
 class ToolEnv(Environment):

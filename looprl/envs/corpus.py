@@ -18,7 +18,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-EVAL_BUCKETS = 5  # one entity in five is held out for evaluation
+from looprl.envs.kit import split_of as hash_split
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "vh"]  # fmt: skip
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]
@@ -82,8 +82,7 @@ class World:
 
 def split_of(key: str) -> str:
     """`eval` when a hash of `key` falls in the eval bucket, else `train` (stable across runs)."""
-    bucket = int(hashlib.sha256(f"search_qa:{key}".encode()).hexdigest(), 16) % EVAL_BUCKETS
-    return "eval" if bucket == 0 else "train"
+    return hash_split(f"search_qa:{key}")
 
 
 class _Names:

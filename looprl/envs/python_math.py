@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Limits, ToolEnv
+from looprl.envs.kit import final_reply, shown_outcomes, split_of
 from looprl.rubrics import Rubric
 from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
 from looprl.types import EpisodeResult, Message, Task
@@ -28,7 +29,7 @@ SYSTEM_PROMPT = (
     "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
     "\\boxed{ANSWER}."
 )
-EVAL_BUCKETS = 5
+PYTHON_TOOLS = ("python", "python_session")
 
 
 def _templates(rng: random.Random) -> tuple[str, Fraction]:
@@ -68,14 +69,6 @@ def _fmt(value: Fraction) -> str:
     )
 
 
-def _split_of(text: str) -> str:
-    return (
-        "eval"
-        if int(hashlib.sha256(text.encode()).hexdigest(), 16) % EVAL_BUCKETS == 0
-        else "train"
-    )
-
-
 def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
     """`n` generated problems of a split; the same (split, seed) gives the same problems."""
     rng = random.Random(f"python_math-{split}-{seed}")
@@ -83,7 +76,7 @@ def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
     seen: set[str] = set()
     while len(tasks) < n:
         question, answer = _templates(rng)
-        if _split_of(question) != split or question in seen:
+        if split_of(question) != split or question in seen:
             continue
         seen.add(question)
         tid = "pm-" + hashlib.sha256(question.encode()).hexdigest()[:12]
@@ -125,7 +118,7 @@ _ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\s$]+?)\$?\.?\s*$", re.IGNORECASE
 
 def final_answer(episode: EpisodeResult) -> str | None:
     """The boxed answer (or 'The answer is X') of the last assistant message."""
-    text = next((m.content for m in reversed(episode.messages) if m.role == "assistant"), "")
+    text = final_reply(episode)
     boxed = _BOXED.findall(text)
     if boxed:
         return boxed[-1].strip()
@@ -137,17 +130,25 @@ class SandboxFailure(RuntimeError):
     """The sandbox itself failed during the episode: not the model's mistake."""
 
 
-def _python_results(episode: EpisodeResult) -> list[str]:
+def python_statuses(episode: EpisodeResult) -> list[str]:
+    """The sandbox status of each python call whose result the model saw, in order.
+
+    `ok`, `error`, `timeout`, `sandbox_error`...; "" for a call that failed before the sandbox
+    ran it (a bad argument, the tool layer's timeout). Read from `episode.tool_outcomes`; an
+    episode recorded before outcomes were kept falls back to its tool messages' `status:` line.
+    """
+    if episode.tool_outcomes:
+        return [o.status for o in shown_outcomes(episode) if o.name in PYTHON_TOOLS]
+    texts = [m.content for m in episode.messages if m.role == "tool" and m.name in PYTHON_TOOLS]
     return [
-        m.content
-        for m in episode.messages
-        if m.role == "tool" and m.name in ("python", "python_session")
+        t.partition("\n")[0].removeprefix("status: ") if t.startswith("status: ") else ""
+        for t in texts
     ]
 
 
 def correct(episode: EpisodeResult) -> float:
     """1.0 when math-verify finds the final answer equivalent to the reference."""
-    if any(r.startswith("status: sandbox_error") for r in _python_results(episode)):
+    if "sandbox_error" in python_statuses(episode):
         raise SandboxFailure("the sandbox failed during this episode (status sandbox_error)")
     got = final_answer(episode)
     if got is None or episode.task.answer is None:
@@ -161,18 +162,12 @@ def correct(episode: EpisodeResult) -> float:
 
 def used_python(episode: EpisodeResult) -> float:
     """1.0 when the episode ran code at least once (metric)."""
-    return float(bool(_python_results(episode)))
+    return float(bool(python_statuses(episode)))
 
 
 def code_errors(episode: EpisodeResult) -> float:
     """Calls whose code failed (error, timeout, memory, output limit, killed) (metric)."""
-    return float(
-        sum(
-            1
-            for r in _python_results(episode)
-            if not r.startswith(("status: ok", "status: sandbox_error"))
-        )
-    )
+    return float(sum(s not in ("ok", "sandbox_error") for s in python_statuses(episode)))
 
 
 def load_environment(

@@ -20,10 +20,11 @@ import re
 from typing import Any
 
 from looprl.envs.base import Limits, SingleTurnEnv
+from looprl.envs.kit import final_raw
+from looprl.envs.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
-EVAL_BUCKETS = 5
 SYSTEM_PROMPT = (
     "Solve the problem. You may think first, then give only the final answer inside tags, "
     "like <answer>42</answer>. Follow any answer format the problem asks for."
@@ -39,18 +40,7 @@ def extract_answer(text: str) -> str | None:
 
 def split_of(question: str) -> str:
     """`eval` when a hash of the question falls in the eval bucket, else `train`."""
-    return (
-        "eval"
-        if int(hashlib.sha256(question.encode()).hexdigest(), 16) % EVAL_BUCKETS == 0
-        else "train"
-    )
-
-
-def _final_reply(episode: EpisodeResult) -> str:
-    for msg in reversed(episode.messages):
-        if msg.role == "assistant":
-            return msg.raw or msg.content
-    return ""
+    return hash_split(question)
 
 
 class ReasoningGymTasks:
@@ -105,12 +95,12 @@ class ReasoningGymTasks:
     def score(self, episode: EpisodeResult) -> float:
         """reasoning-gym's own `score_answer` on the extracted `<answer>` (None when missing)."""
         entry = self.entry(int(episode.task.info["index"]))
-        return float(self.data.score_answer(extract_answer(_final_reply(episode)), entry))
+        return float(self.data.score_answer(extract_answer(final_raw(episode)), entry))
 
 
 def answer_format(episode: EpisodeResult) -> float:
     """1.0 when the final reply holds an `<answer>...</answer>` block (metric)."""
-    return float(extract_answer(_final_reply(episode)) is not None)
+    return float(extract_answer(final_raw(episode)) is not None)
 
 
 def load_environment(

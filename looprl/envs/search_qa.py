@@ -30,6 +30,7 @@ import bm25s
 
 from looprl.envs.base import Limits, ToolEnv
 from looprl.envs.corpus import Document, Question, generate_world, split_of
+from looprl.envs.kit import final_reply, tool_calls
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
@@ -176,16 +177,9 @@ def f1_score(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def _final_answer(episode: EpisodeResult) -> str | None:
-    for msg in reversed(episode.messages):
-        if msg.role == "assistant":
-            return extract_answer(msg.content)
-    return None
-
-
 def exact_match(episode: EpisodeResult) -> float:
     """1.0 when the final answer equals the reference after normalization (the reward)."""
-    got = _final_answer(episode)
+    got = extract_answer(final_reply(episode))
     ref = episode.task.answer
     return float(
         got is not None and ref is not None and normalize_answer(got) == normalize_answer(ref)
@@ -194,23 +188,13 @@ def exact_match(episode: EpisodeResult) -> float:
 
 def f1(episode: EpisodeResult) -> float:
     """Token F1 of the final answer against the reference (metric; 0.0 without an answer)."""
-    got = _final_answer(episode)
+    got = extract_answer(final_reply(episode))
     return f1_score(got, episode.task.answer or "") if got is not None else 0.0
-
-
-def _calls(episode: EpisodeResult, name: str) -> list[dict[str, Any]]:
-    return [
-        c.arguments
-        for m in episode.messages
-        if m.role == "assistant"
-        for c in m.tool_calls
-        if c.name == name
-    ]
 
 
 def searches(episode: EpisodeResult) -> float:
     """Number of `search` calls in the episode (metric)."""
-    return float(len(_calls(episode, "search")))
+    return float(len(tool_calls(episode, "search")))
 
 
 def gold_read(episode: EpisodeResult) -> float:
@@ -218,7 +202,9 @@ def gold_read(episode: EpisodeResult) -> float:
     gold = set(episode.task.info.get("gold_doc_ids") or [])
     if not gold:
         return 0.0
-    opened = {str(args.get("doc_id", "")).strip().strip("[]") for args in _calls(episode, "read")}
+    opened = {
+        str(c.arguments.get("doc_id", "")).strip().strip("[]") for c in tool_calls(episode, "read")
+    }
     return len(gold & opened) / len(gold)
 
 

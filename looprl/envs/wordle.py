@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Limits, MultiTurnEnv
+from looprl.envs.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
 MAX_GUESSES = 6
-EVAL_BUCKETS = 5
 SYSTEM_PROMPT = (
     "Let's play Wordle. Find the secret five-letter English word in at most 6 guesses. "
     "Write each guess in tags, like <guess>crane</guess>. After each guess you get one symbol "
@@ -60,11 +60,7 @@ def word_lists() -> tuple[tuple[str, ...], frozenset[str]]:
 
 def split_of(word: str) -> str:
     """`eval` when a hash of the word falls in the eval bucket, else `train`."""
-    return (
-        "eval"
-        if int(hashlib.sha256(f"wordle:{word}".encode()).hexdigest(), 16) % EVAL_BUCKETS == 0
-        else "train"
-    )
+    return hash_split(f"wordle:{word}")
 
 
 def score_guess(guess: str, target: str) -> str:
@@ -155,11 +151,10 @@ class WordleEnv(MultiTurnEnv):
         marks, feedback = judge(last.raw or last.content, state["target"], word_lists()[1])
         state["history"].append(feedback)
         if marks == "GGGGG":
-            state["won"] = state["done"] = True
-            return []
+            state["won"] = True
+            return []  # an empty reply ends the episode
         left = MAX_GUESSES - len(state["history"])
         if left <= 0:
-            state["done"] = True
             return []
         plural = "es" if left > 1 else ""
         return [Message(role="user", content=f"{feedback}\n{left} guess{plural} left.")]

@@ -9,8 +9,10 @@ starts (`new_session_id()`) and calls `executor.close_session(id)` when it ends.
 the same id, when the state has one, as its hidden `caller`: the pool shares its workers fairly
 between episodes, so one episode's backlog of long calls does not hold up another's quick one.
 
-Both return one string for the model: the status, then stdout, stderr and the trailing
-expression's value, each cut to a readable size, with a plain-words message on every failure.
+Both return a `ToolReply`: the text the model reads (the status, then stdout, stderr and the
+trailing expression's value, each cut to a readable size, with a plain-words message on every
+failure) and the sandbox's status (`ok`, `timeout`, `sandbox_error`...), which the executor
+records in the episode's `tool_outcomes` for rubrics to read.
 """
 
 # No `from __future__ import annotations` here: the schema builder reads these signatures.
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from looprl.sandbox.base import ExecResult, Executor
+from looprl.tools.executor import ToolReply
 from looprl.tools.schema import Hidden
 
 SESSION_KEY = "sandbox_session"
@@ -71,7 +74,7 @@ def format_result(result: ExecResult, max_chars: int = 4000) -> str:
 
 def make_python_tools(
     executor: Executor, *, timeout: float | None = None, max_chars: int = 4000
-) -> tuple[Callable[..., Awaitable[str]], Callable[..., Awaitable[str]]]:
+) -> tuple[Callable[..., Awaitable[ToolReply]], Callable[..., Awaitable[ToolReply]]]:
     """Build the stateless `python` tool and the per-episode `python_session` tool.
 
     Args:
@@ -80,7 +83,12 @@ def make_python_tools(
         max_chars: Longest tool message section (stdout, stderr) shown to the model.
     """
 
-    async def python(code: str, caller: Annotated[str | None, Hidden(SESSION_KEY)] = None) -> str:
+    def reply(result: ExecResult) -> ToolReply:
+        return ToolReply(format_result(result, max_chars), status=result.status)
+
+    async def python(
+        code: str, caller: Annotated[str | None, Hidden(SESSION_KEY)] = None
+    ) -> ToolReply:
         """Run Python 3 code in a fresh sandbox and return what it printed.
 
         numpy and sympy are installed. There is no network and no file access outside the
@@ -89,10 +97,11 @@ def make_python_tools(
         Args:
             code: The Python source code to run.
         """
-        result = await executor.execute(code, timeout=timeout, caller=caller)
-        return format_result(result, max_chars)
+        return reply(await executor.execute(code, timeout=timeout, caller=caller))
 
-    async def python_session(code: str, session_id: Annotated[str, Hidden(SESSION_KEY)]) -> str:
+    async def python_session(
+        code: str, session_id: Annotated[str, Hidden(SESSION_KEY)]
+    ) -> ToolReply:
         """Run Python 3 code in your own persistent session and return what it printed.
 
         Variables, functions and imports persist between calls, like notebook cells. numpy and
@@ -101,8 +110,6 @@ def make_python_tools(
         Args:
             code: The Python source code to run.
         """
-        return format_result(
-            await executor.execute(code, session_id=session_id, timeout=timeout), max_chars
-        )
+        return reply(await executor.execute(code, session_id=session_id, timeout=timeout))
 
     return python, python_session
