@@ -44,12 +44,11 @@ _MODULE = Template('''"""$name: count letters in made-up words with a `count_let
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from typing import Any
 
-from looprl.envs import Limits, ToolEnv
+from looprl.envs import Limits, ToolEnv, final_reply, split_of, used_tool
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
@@ -74,8 +73,7 @@ def make_tasks(split: str, n: int, seed: int) -> list[Task]:
     tasks: dict[str, Task] = {}
     while len(tasks) < n:
         word = "".join(rng.choice("abdeilmnorstu") for _ in range(rng.randint(8, 14)))
-        in_eval = int(hashlib.sha256(word.encode()).hexdigest(), 16) % 5 == 0
-        if in_eval != (split == "eval"):
+        if split_of(word) != split:
             continue
         letter = rng.choice(word)
         question = f"How many times does the letter '{letter}' occur in '{word}'?"
@@ -87,14 +85,8 @@ def make_tasks(split: str, n: int, seed: int) -> list[Task]:
 
 def correct_answer(episode: EpisodeResult) -> float:
     """1.0 when the last reply says 'The answer is N' with the right N (the reward)."""
-    last = episode.messages[-1]
-    match = re.search(r"answer is\\s*(\\d+)", last.content) if last.role == "assistant" else None
+    match = re.search(r"answer is\\s*(\\d+)", final_reply(episode))
     return float(match is not None and match.group(1) == episode.task.answer)
-
-
-def used_tool(episode: EpisodeResult) -> float:
-    """1.0 when the episode called a tool at least once (a zero-weight metric)."""
-    return float(episode.num_tool_calls > 0)
 
 
 def load_environment(**kwargs: Any) -> ToolEnv:
@@ -102,7 +94,7 @@ def load_environment(**kwargs: Any) -> ToolEnv:
     return ToolEnv(
         name="$name",
         tools=[count_letter],
-        rubric=Rubric([correct_answer, used_tool], weights=[1.0, 0.0]),
+        rubric=Rubric([correct_answer, used_tool], weights=[1.0, 0.0]),  # used_tool: a metric
         train_tasks=lambda n, seed: make_tasks("train", n, seed),
         eval_tasks=lambda n, seed: make_tasks("eval", n, seed),
         limits=kwargs.pop("limits", Limits(max_turns=3, max_tokens_per_turn=96)),
