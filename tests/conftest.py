@@ -23,3 +23,24 @@ def tiny():
 def tiny_tokenizer(tiny):
     """The tiny model's tokenizer (with looprl's tool-capable ChatML template)."""
     return tiny[1]
+
+
+def small_llama(seed: int = 0, **config):
+    """A randomly initialised small Llama (2 layers, 4 heads, 2 KV heads, width 32) for tests.
+
+    The one model fixture of the suite: `config` overrides any `LlamaConfig` field (vocabulary,
+    width, tied embeddings, special ids), and the same seed gives the same weights.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    base = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(LlamaConfig(**{**base, **config}))

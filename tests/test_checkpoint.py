@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import small_llama
 from safetensors import safe_open
 
 from looprl.trainer import checkpoint as ckpt
@@ -48,23 +49,10 @@ WORDS = [
 
 def tiny_llama(seed: int = 0) -> Any:
     """A random 2-layer Llama with tied input/output embeddings."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        bos_token_id=2,
+    return small_llama(
+        seed, vocab_size=len(WORDS), tie_word_embeddings=True, pad_token_id=0, bos_token_id=2,
         eos_token_id=3,
-    )
-    return LlamaForCausalLM(config).eval()
+    ).eval()  # fmt: skip
 
 
 def tiny_tokenizer() -> Any:

@@ -8,10 +8,9 @@ import string
 
 import pytest
 import torch
+from conftest import small_llama
 from tokenizers import Tokenizer, decoders, models
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -59,9 +58,8 @@ def make_model(kind: str = "llama", seed: int = 0) -> torch.nn.Module:
     """A small randomly initialised causal LM in eval mode."""
     torch.manual_seed(seed)
     if kind == "llama":
-        return LlamaForCausalLM(
-            LlamaConfig(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-        ).eval()
+        rope = {"rope_type": "default", "rope_theta": 500.0}
+        return small_llama(seed, **SMALL, rope_parameters=rope).eval()
     if kind == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
     return Qwen3ForCausalLM(Qwen3Config(**SMALL)).eval()

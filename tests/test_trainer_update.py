@@ -12,7 +12,8 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import small_llama
+from transformers import LlamaForCausalLM
 
 from looprl.algorithms.logprobs import (
     entropy_from_logits,
@@ -28,18 +29,7 @@ from looprl.trainer.setup import make_optimizer, make_scheduler
 
 
 def small_model(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config)
+    return small_llama(seed, vocab_size=50, pad_token_id=0)
 
 
 def samples(n: int, seed: int = 0, zero_every: int = 3) -> list[B.Sample]:
