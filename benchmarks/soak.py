@@ -123,7 +123,7 @@ def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, step
         t.resumes += bool(attempt)
         log = (out / f"{name}.log").open("a")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV)
-        kill_at = rng.uniform(4, 20) if rng.random() < 0.6 and attempt < 8 else None
+        kill_at = rng.uniform(3, 12) if rng.random() < 0.75 and attempt < 8 else None
         try:
             rc = proc.wait(timeout=kill_at if kill_at is not None else 900)
         except subprocess.TimeoutExpired:
@@ -134,7 +134,7 @@ def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, step
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
             t.kills += 1
-            if rng.random() < 0.3 and damage_newest_checkpoint(run_dir, rng):
+            if rng.random() < 0.5 and damage_newest_checkpoint(run_dir, rng):
                 t.checkpoints_damaged += 1
             continue
         finally:
