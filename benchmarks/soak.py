@@ -91,9 +91,10 @@ def check_jsonl(path: Path) -> int:
 
 
 def damage_newest_checkpoint(run_dir: Path, rng: random.Random) -> bool:
-    """Flip bytes in the largest file of the newest checkpoint; False when there is none."""
+    """Flip bytes in the largest file of the newest checkpoint when an older one is left to fall
+    back to (with none, no resume is possible by design: the run would have to start over)."""
     ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if STEP_DIR.match(p.name))
-    if not ckpts:
+    if len(ckpts) < 2:
         return False
     files = sorted((p for p in ckpts[-1].iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
     if not files:

@@ -58,8 +58,9 @@ class MessageTranscript:
     def request(self, sampling: SamplingParams) -> GenerationRequest:
         """The conversation so far, the tools, and the sampling settings."""
         return GenerationRequest(
-            messages=list(self.result.messages), tools=self.tools, sampling=sampling
-        )
+            messages=list(self.result.messages), tools=self.tools, sampling=sampling,
+            affinity=self.result.task.id,
+        )  # fmt: skip
 
     def add_sampled(self, gen: Generation, turn: int) -> str:
         """The engine's text (its structured tool calls are added by the loop)."""
@@ -103,6 +104,7 @@ class TokenTranscript:
             messages=list(self.result.messages),
             tools=self.tools,
             sampling=sampling,
+            affinity=self.result.task.id,
         )
 
     def add_sampled(self, gen: Generation, turn: int) -> str:

@@ -186,6 +186,7 @@ def test_tis_weights_the_policy_loss() -> None:
     assert stats["mismatch_kl"] == pytest.approx(
         (math.exp(0.5) - 1.5 + math.exp(2) - 3) / 2, rel=1e-5
     )
+    assert stats["logprob_gap"] == pytest.approx((0.5 + 2.0) / 2)  # mean |old - sampler|
     loss_off, stats_off = policy_objective(resolve_algorithm("rloo", use_tis=False), **args)
     assert float(loss_off.detach()) == pytest.approx(1.0) and "tis_weight_mean" not in stats_off
 

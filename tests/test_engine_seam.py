@@ -30,8 +30,10 @@ def test_factory_builds_both_kinds_and_only_torch_is_trainable(tiny) -> None:
         make_trainable_engine("openai", model_name="m", base_url="http://127.0.0.1:9/v1")
     with pytest.raises(ValueError, match="needs the model and tokenizer"):
         make_engine("torch")
-    with pytest.raises(ValueError, match="unknown engine kind 'vllm'"):
-        make_engine("vllm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown engine kind 'sglang'"):
+        make_engine("sglang")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs model_dir .* or base_urls"):
+        make_engine("vllm", tokenizer=tokenizer)
 
 
 def test_sync_without_weights_moves_only_the_version(tiny) -> None:

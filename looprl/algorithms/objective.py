@@ -127,7 +127,7 @@ def policy_objective(
     whole batch's denominator (`batch_normalizer`) when accumulating micro-batches. Every loss term
     uses cfg.aggregation with that normalizer, so summed micro-batch losses equal the batch loss.
     stats: loss terms (`LOSS_TERMS`: loss, pg_loss, kl_loss, entropy_loss, value_loss) are this
-    micro-batch's contributions; metrics (kl, entropy, clip/ratio, tis, mismatch_kl) are means
+    micro-batch's contributions; metrics (kl, entropy, clip/ratio, tis, mismatch_kl, logprob_gap) are means
     over its `num_tokens` trained tokens.
     """
     _check_shapes(mask, logprobs=logprobs, old_logprobs=old_logprobs, sampler_logprobs=sampler_logprobs,
@@ -181,6 +181,7 @@ def policy_objective(
         loss = loss + value_loss
         stats.update(v_stats, value_loss=float(value_loss.detach()))
     stats["mismatch_kl"] = float(mismatch_kl(old, sampler_logprobs, mask))
+    stats["logprob_gap"] = float(torch.where(m, (old - sampler_logprobs).abs(), 0.0).sum()) / n
     stats["num_tokens"] = float(m.sum())
     stats["loss"] = float(loss.detach())
     return loss, stats

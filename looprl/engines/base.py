@@ -19,12 +19,15 @@ class GenerationRequest:
     Token-level engines read `prompt_ids` (the exact context, never re-encoded) and must return
     the sampled ids with logprobs. Message-level engines (hosted chat APIs) read `messages` and
     `tools` (OpenAI function schemas) and return text. The rollout fills both when it can.
+    `affinity` (the task id) lets an engine with several servers keep a group on one server,
+    for its prefix cache.
     """
 
     prompt_ids: list[int] | None = None
     messages: list[Message] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    affinity: str = ""
 
 
 @runtime_checkable

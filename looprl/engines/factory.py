@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from looprl.engines.base import Engine, TrainableEngine
 
-EngineKind = Literal["torch", "openai"]
+EngineKind = Literal["torch", "openai", "vllm"]
 
 
 @dataclass
@@ -36,9 +36,23 @@ def make_engine(
     max_concurrency: int = 32,
     max_batch_size: int = 64,
     seed: int = 0,
+    model_dir: str | None = None,
+    base_urls: list[str] | None = None,
+    num_servers: int = 1,
+    max_model_len: int = 2048,
+    startup_timeout: float = 300.0,
 ) -> Engine:
     """An engine of `kind`: `torch` samples in process from `model`; `openai` talks to `base_url`
-    (message level, serving `model_name`)."""
+    (message level, serving `model_name`); `vllm` samples token ids from vLLM servers, started
+    on `model_dir` (`num_servers` of them) or given as `base_urls`."""
+    if kind == "vllm":
+        from looprl.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model_dir, tokenizer, base_urls=base_urls, num_servers=num_servers,
+            max_concurrency=max_concurrency, max_model_len=max_model_len, seed=seed,
+            startup_timeout=startup_timeout,
+        )  # fmt: skip
     if kind == "openai":
         if not base_url:
             raise ValueError("an openai engine needs base_url (the server's /v1 URL)")
@@ -51,7 +65,7 @@ def make_engine(
         from looprl.engines.torch_engine import TorchEngine
 
         return TorchEngine(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
-    raise ValueError(f"unknown engine kind {kind!r}; choose one of ['openai', 'torch']")
+    raise ValueError(f"unknown engine kind {kind!r}; choose one of ['openai', 'torch', 'vllm']")
 
 
 def make_trainable_engine(kind: EngineKind, **kwargs: Any) -> TrainableEngine:

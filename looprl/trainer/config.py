@@ -144,6 +144,31 @@ class TrainerSection(_Section):
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")
 
 
+class EngineSection(_Section):
+    """Where rollouts are sampled: in process (torch) or on vLLM servers."""
+
+    kind: Literal["torch", "vllm"] = Field(
+        "torch", description="torch: in-process TorchEngine (the default); vllm: vLLM servers"
+    )
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description="vllm: servers you started (http://host:port/v1), never stopped by looprl; "
+        "empty: looprl starts its own",
+    )
+    num_servers: int = Field(1, ge=1, description="vllm: servers looprl starts")
+    startup_timeout: float = Field(
+        300.0, gt=0, description="vllm: seconds to wait for a started server's /health"
+    )
+    max_concurrency: int = Field(
+        64, ge=1, description="vllm: requests in flight per server (the engine's bound)"
+    )
+
+    @field_validator("base_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, v: Any) -> Any:
+        return [u for u in v.split(",") if u] if isinstance(v, str) else v
+
+
 class RunSection(_Section):
     """Where the run lives."""
 
@@ -161,6 +186,7 @@ class TrainConfig(_Section):
     algorithm: AlgorithmSection = Field(default_factory=lambda: AlgorithmSection())
     optim: OptimSection = Field(default_factory=lambda: OptimSection())
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
+    engine: EngineSection = Field(default_factory=lambda: EngineSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")

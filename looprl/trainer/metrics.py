@@ -40,6 +40,7 @@ METRICS: dict[str, str] = {
     "ratio_min": "its minimum",
     "ratio_max": "its maximum",
     "mismatch_kl": "KL between the sampler's and the trainer's logprobs on sampled tokens",
+    "logprob_gap": "mean |trainer logprob - sampler logprob| on trained tokens (the sync check)",
     "tis_weight_mean": "mean truncated importance-sampling weight (when TIS is on)",
     "tis_clip_frac": "fraction of tokens whose TIS weight was truncated",
     "value_loss": "value-head loss (ppo)",

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ class Trainer:
                 "start a new one under another name (--run.name NAME or --run-dir DIR)"
             )
         self.resume = resume
+        self._closers: list[
+            Callable[[], Coroutine[Any, Any, None]]
+        ] = []  # run on a failed run's way out
         self.step = 0
         self.cursor = 0
         self._task_stream: tuple[int, Any] | None = None
@@ -66,13 +70,21 @@ class Trainer:
         model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        self._vllm_dir = S.export_for_servers(model, self.tokenizer, cfg)
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
-        separate = cfg.model.lora or cfg.trainer.one_step_ahead
-        self.engine_model = S.engine_copy(self.model) if separate else self.model
+        separate = cfg.model.lora or cfg.trainer.one_step_ahead or cfg.engine.kind != "torch"
+        self.engine_model = self.model
+        if cfg.engine.kind == "torch":
+            self.engine_model = S.engine_copy(self.model) if separate else self.model
         self.engine = make_trainable_engine(
-            "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
-        )
+            cfg.engine.kind, model=self.engine_model, tokenizer=self.tokenizer,
+            seed=cfg.trainer.seed, model_dir=self._vllm_dir, base_urls=cfg.engine.base_urls,
+            num_servers=cfg.engine.num_servers, max_concurrency=cfg.engine.max_concurrency,
+            max_model_len=self.env.limits.max_context_tokens,
+            startup_timeout=cfg.engine.startup_timeout,
+        )  # fmt: skip
+        self._closers.append(self.engine.close)
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
             # sampler and trainer share weights: the correction would be the identity
             self.algo = dataclasses.replace(self.algo, use_tis=False)
@@ -93,6 +105,8 @@ class Trainer:
             self._restore()
         else:
             (self.run_dir / "config.json").write_text(json.dumps(self._config_record(), indent=2))
+            if cfg.engine.kind != "torch":
+                self._sync(0)  # servers given by URL may hold other weights: send the trainer's
         self.logger = MetricsLogger(
             self.run_dir,
             tensorboard=cfg.run.tensorboard,
@@ -138,15 +152,20 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, float]:
         """Train to `trainer.steps` (or early stop); returns the last step's metrics."""
-        self._setup()
-        console.print(
-            f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
-        )
-        console.print_json(json.dumps(self.cfg.model_dump()))
         try:
+            self._setup()
+            console.print(
+                f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
+            )
+            console.print_json(json.dumps(self.cfg.model_dump()))
             return asyncio.run(self._loop())
+        except BaseException:  # an error or Ctrl-C: stop what the run started (vLLM servers)
+            for close in self._closers:
+                asyncio.run(close())
+            raise
         finally:
-            self.logger.close()
+            if hasattr(self, "logger"):
+                self.logger.close()
 
     async def _loop(self) -> dict[str, float]:
         from looprl.trainer.plots import plot_run
@@ -249,7 +268,8 @@ class Trainer:
     def _sync(self, version: int) -> dict[str, float]:
         """Copy the new weights into the engine's copy (free when they share tensors)."""
         t0 = time.perf_counter()
-        shared = self.engine_model is self.model  # then the engine already sees the new tensors
+        # the in-process engine may sample from the trainer's own tensors: nothing to send
+        shared = self.cfg.engine.kind == "torch" and self.engine_model is self.model
         weights = None if shared else S.merged_state_dict(self.model)
         self.engine.sync_weights(weights, version=version)  # under the engine's lock
         return {"time/sync": time.perf_counter() - t0}

@@ -1,0 +1,166 @@
+"""Train against vLLM servers: token-level rollouts, weight sync after each step, several servers.
+
+`VLLMEngine` is a `TrainableEngine`. It samples through vLLM's `/v1/completions` with prompt
+token ids in and sampled ids plus logprobs out (`OpenAIEngine(token_level=True)`), so the
+rollout's token-exact invariants hold as with `TorchEngine`. It either starts its own servers
+(`num_servers` of them, on the model directory it is given, stopped on every exit path) or uses
+servers the user started (`base_urls`, never stopped by looprl).
+
+- **Placement.** A request goes to the server its `affinity` (the task id) hashes to, so every
+  turn of a group's episodes hits one server's prefix cache. A request whose server is dead
+  goes to the next live one; a dead server that looprl started is restarted (and reloaded with
+  the current weights) before the next step, and counted in `stats`.
+- **Weight sync.** `sync_weights(state, version)` writes the weights as safetensors into a new
+  directory under a RAM-backed folder (`/dev/shm` when it exists), atomically (write, then
+  rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older
+  weight directories. On GPUs vLLM's own weight-transfer API (NCCL) avoids the file: see
+  docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from looprl.engines.base import GenerationRequest
+from looprl.engines.openai_engine import OpenAIEngine
+from looprl.engines.vllm_server import SERVED_NAME, VLLMServer
+from looprl.types import Generation
+
+
+def ram_dir(prefix: str) -> Path:
+    """A fresh directory in RAM-backed storage (`/dev/shm`), else in the temp folder."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() else None))
+
+
+class VLLMEngine:
+    """Sample from vLLM servers and keep their weights in step with the trainer (module doc).
+
+    `model_dir` is the Hugging Face directory the servers start from (needed unless `base_urls`
+    are given); `tokenizer` decodes sampled ids for the parser; `max_concurrency` bounds the
+    requests in flight per server.
+    """
+
+    token_level = True
+
+    def __init__(
+        self,
+        model_dir: str | Path | None,
+        tokenizer: Any,
+        *,
+        base_urls: list[str] | None = None,
+        num_servers: int = 1,
+        max_concurrency: int = 64,
+        max_model_len: int = 2048,
+        seed: int = 0,
+        startup_timeout: float = 300.0,
+        served_name: str = SERVED_NAME,
+    ) -> None:
+        if not base_urls and model_dir is None:
+            raise ValueError("VLLMEngine needs model_dir (to start servers) or base_urls")
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.servers: list[VLLMServer] = []
+        if base_urls:
+            urls = list(base_urls)
+        else:
+            self.servers = [
+                VLLMServer(model_dir or "", max_model_len=max_model_len, seed=seed + i,
+                           startup_timeout=startup_timeout)
+                for i in range(num_servers)
+            ]  # fmt: skip
+            urls = self._start_all()
+        self.clients = [
+            OpenAIEngine(url, served_name, token_level=True, tokenizer=tokenizer,
+                         max_concurrency=max_concurrency, seed=seed)
+            for url in urls
+        ]  # fmt: skip
+        self._weights_root = ram_dir("looprl-weights-")
+        self._current: Path | None = None
+        self.stats = {"failovers": 0, "restarts": 0, "syncs": 0}
+
+    def _start_all(self) -> list[str]:
+        urls = []
+        try:
+            for server in self.servers:
+                urls.append(server.start())
+        except BaseException:
+            self._stop_servers()
+            raise
+        return urls
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Sample on the request's server; fail over to the next live one if it is down."""
+        first = self._pick(request)
+        gen = await self.clients[first].generate(request)
+        if gen.finish_reason != "error" or not self.servers:
+            return gen
+        for k in range(1, len(self.clients)):  # only servers we run can be known dead
+            i = (first + k) % len(self.clients)
+            if self.servers[first].alive() or not self.servers[i].alive():
+                break
+            self.stats["failovers"] += 1
+            gen = await self.clients[i].generate(request)
+            if gen.finish_reason != "error":
+                return gen
+        return gen
+
+    def _pick(self, request: GenerationRequest) -> int:
+        key = request.affinity or str(request.prompt_ids[:64] if request.prompt_ids else "")
+        digest = hashlib.sha256(key.encode()).digest()
+        return int.from_bytes(digest[:4], "little") % len(self.clients)
+
+    def sync_weights(
+        self, weights: Mapping[str, torch.Tensor] | None, *, version: int | None = None
+    ) -> None:
+        """Write `weights` to RAM and have every server reload them (None: nothing changed)."""
+        self.policy_version = self.policy_version + 1 if version is None else version
+        if weights is None:
+            return
+        self._restart_dead()
+        final = self._weights_root / f"v{self.policy_version:06d}"
+        tmp = self._weights_root / f".v{self.policy_version:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        # a copy of each (tied embeddings share memory, which safetensors refuses)
+        tensors = {k: v.detach().to("cpu", torch.float32).clone() for k, v in weights.items()}
+        save_file(tensors, str(tmp / "model.safetensors"))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for server in self.servers:
+            server.reload_weights(final)
+        old, self._current = self._current, final
+        if old is not None and old != final:
+            shutil.rmtree(old, ignore_errors=True)
+        self.stats["syncs"] += 1
+
+    def _restart_dead(self) -> None:
+        """Start dead servers that looprl runs again, with the current weights."""
+        for i, server in enumerate(self.servers):
+            if server.alive():
+                continue
+            url = server.restart()
+            self.stats["restarts"] += 1
+            self.clients[i].base_url = url.rstrip("/")
+            if self._current is not None:
+                server.reload_weights(self._current)
+
+    async def close(self) -> None:
+        """Close connections and stop the servers looprl started."""
+        for client in self.clients:
+            await client.close()
+        await asyncio.to_thread(self._stop_servers)
+        shutil.rmtree(self._weights_root, ignore_errors=True)
+
+    def _stop_servers(self) -> None:
+        for server in self.servers:
+            server.stop()

@@ -1,0 +1,209 @@
+"""A vLLM server that looprl starts, watches, feeds new weights and always stops.
+
+`VLLMServer(model_dir).start()` runs `python -m vllm.entrypoints.openai.api_server` in the vLLM
+venv (`looprl.engines.vllm_venv`) on 127.0.0.1 and a free port, under `vllm_shim.py`: the
+server's whole process group dies with the trainer, even when the trainer is SIGKILLed. Start-up
+waits for `/health` and fails with one message naming the cause and the tail of the server log
+(a model vLLM cannot load, a port taken, a timeout). `reload_weights(dir)` swaps in new
+safetensors weights through vLLM's `collective_rpc` (the dev-mode endpoint) and drops the
+prefix cache, whose keys and values belong to the old weights.
+
+Options chosen for a CPU: `--enforce-eager` (no compile warm-up: start-up 25 s instead of about
+100 s for the tiny model), float32, `--logprobs-mode processed_logprobs` (logprobs after
+temperature, as the trainer computes them), and a KV cache of `kv_cache_gb` GiB.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
+
+SHIM = Path(__file__).with_name("vllm_shim.py")
+SERVED_NAME = "policy"
+
+
+class VLLMServerError(RuntimeError):
+    """A vLLM server failed to start or died; the message names the cause and the fix."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """One vLLM OpenAI-compatible server on 127.0.0.1 (see the module doc).
+
+    `model_dir` is a Hugging Face model directory; `max_model_len` bounds prompt plus output;
+    `startup_timeout` bounds the wait for `/health`; `log_path` receives the server's output
+    (default: a temporary file). Use it as a context manager or call `start()` and `stop()`.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_model_len: int = 2048,
+        seed: int = 0,
+        port: int | None = None,
+        startup_timeout: float = 300.0,
+        kv_cache_gb: int = 1,
+        log_path: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.max_model_len = max_model_len
+        self.seed = seed
+        self.port = port
+        self.startup_timeout = startup_timeout
+        self.kv_cache_gb = kv_cache_gb
+        self.log_path = log_path or Path(tempfile.mkstemp(prefix="looprl-vllm-", suffix=".log")[1])
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API root, e.g. `http://127.0.0.1:8000/v1`."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self, python: Path) -> list[str]:
+        """The shim plus vLLM's command line."""
+        return [
+            str(python), str(SHIM), "--", str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
+            "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
+            "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
+            "--enforce-eager", "--logprobs-mode", "processed_logprobs",
+            "--gpu-memory-utilization", "0.1", *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> str:
+        """Start the server and wait until it is healthy; returns its base URL."""
+        try:
+            python = vllm_python()
+        except VLLMSetupError as exc:
+            raise VLLMServerError(str(exc)) from None
+        for _attempt in range(3):
+            explicit = self.port is not None
+            self.port = self.port or free_port()
+            self._launch(python)
+            try:
+                self._wait_healthy()
+                return self.base_url
+            except VLLMServerError as exc:
+                self.stop()
+                if explicit or "address already in use" not in str(exc).lower():
+                    raise
+                self.port = None  # someone took the port first: try another
+        raise VLLMServerError("three free ports were taken before vLLM could bind one")
+
+    def _launch(self, python: Path) -> None:
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc for reload_weights
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        }
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # its own process group: stop() kills all of vLLM
+            )  # fmt: skip
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise VLLMServerError(
+                    f"the vLLM server exited with code {self.process.returncode} while starting "
+                    f"(model {self.model_dir}); the end of its log {self.log_path}:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise VLLMServerError(
+            f"the vLLM server was not healthy after {self.startup_timeout:g} s (raise "
+            f"engine.startup_timeout on a slow machine); the end of its log {self.log_path}:\n"
+            f"{self.log_tail()}"
+        )
+
+    def healthy(self) -> bool:
+        """Whether `/health` answers 200 now."""
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        """The last lines of the server log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def reload_weights(self, weights_dir: Path, timeout: float = 120.0) -> None:
+        """Load new safetensors weights from `weights_dir` in place; later requests use them."""
+        root = f"http://127.0.0.1:{self.port}"
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
+        try:
+            resp = httpx.post(f"{root}/collective_rpc", json=body, timeout=timeout)
+            resp.raise_for_status()
+            httpx.post(f"{root}/reset_prefix_cache", timeout=timeout).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise VLLMServerError(
+                f"reloading weights into the vLLM server at {root} failed ({exc}); the end of its "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            ) from None
+
+    def restart(self) -> str:
+        """Start a dead server again on the same model; returns its base URL."""
+        self.stop()
+        self.restarts += 1
+        self.port = None
+        return self.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server's whole process group: SIGTERM, then SIGKILL after `timeout` s."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
