@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean vllm
 
 $(STAMP): pyproject.toml
 	@# headless Chromium for the viewer's browser tests (Debian package; never a downloaded browser)
@@ -22,7 +22,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m looprl.demo
 
-test: $(STAMP)
+# vLLM's CPU build in a venv of its own (it pins another transformers); once, in ~/.cache/looprl
+vllm: $(STAMP)
+	$(BIN)/python -m looprl.engines.vllm_venv
+
+test: $(STAMP) vllm
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from looprl.engines.base import GenerationRequest
 from looprl.engines.openai_engine import OpenAIEngine
-from looprl.engines.vllm_server import SERVED_NAME, VLLMServer
+from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, reload_weights
 from looprl.types import Generation
 
 
@@ -136,8 +136,12 @@ class VLLMEngine:
         save_file(tensors, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        for server in self.servers:
-            server.reload_weights(final)
+        if self.servers:
+            for server in self.servers:
+                server.reload_weights(final)
+        else:  # servers the user started: reached by URL, on this machine or a shared disk
+            for client in self.clients:
+                reload_weights(client.base_url, final)
         old, self._current = self._current, final
         if old is not None and old != final:
             shutil.rmtree(old, ignore_errors=True)

@@ -36,6 +36,24 @@ class VLLMServerError(RuntimeError):
     """A vLLM server failed to start or died; the message names the cause and the fix."""
 
 
+def reload_weights(base_url: str, weights_dir: Path, timeout: float = 120.0) -> None:
+    """Have the vLLM server at `base_url` (`.../v1`) load the safetensors in `weights_dir`.
+
+    The server must run with `VLLM_SERVER_DEV_MODE=1` and see `weights_dir` (same machine or a
+    shared file system); its prefix cache is dropped after the reload.
+    """
+    root = base_url.rstrip("/").removesuffix("/v1")
+    body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
+    try:
+        httpx.post(f"{root}/collective_rpc", json=body, timeout=timeout).raise_for_status()
+        httpx.post(f"{root}/reset_prefix_cache", timeout=timeout).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise VLLMServerError(
+            f"reloading weights into the vLLM server at {root} failed ({exc}); it needs "
+            "VLLM_SERVER_DEV_MODE=1 and read access to the weights directory"
+        ) from None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -161,16 +179,11 @@ class VLLMServer:
 
     def reload_weights(self, weights_dir: Path, timeout: float = 120.0) -> None:
         """Load new safetensors weights from `weights_dir` in place; later requests use them."""
-        root = f"http://127.0.0.1:{self.port}"
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
         try:
-            resp = httpx.post(f"{root}/collective_rpc", json=body, timeout=timeout)
-            resp.raise_for_status()
-            httpx.post(f"{root}/reset_prefix_cache", timeout=timeout).raise_for_status()
-        except httpx.HTTPError as exc:
+            reload_weights(self.base_url, weights_dir, timeout)
+        except VLLMServerError as exc:
             raise VLLMServerError(
-                f"reloading weights into the vLLM server at {root} failed ({exc}); the end of its "
-                f"log {self.log_path}:\n{self.log_tail()}"
+                f"{exc}; the end of its log {self.log_path}:\n{self.log_tail()}"
             ) from None
 
     def restart(self) -> str:
