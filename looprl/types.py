@@ -261,10 +261,11 @@ class EpisodeResult:
     failed, a tool hung, the episode's wall-clock limit ran out; the episode is unusable and
     `looprl eval --resume` runs its group again), `rollout` (the environment failed, or the
     episode could not start: unusable), `scoring` (a reward function raised: excluded from
-    training statistics). `tool_errors` counts failed tool calls
-    by kind; `tool_outcomes` says how each call went, in order. `timings` holds seconds per phase (generate, tools, score, total). `state` is the
-    environment's per-episode state; what JSON can hold is saved (the task itself is not: it
-    is saved once, as `task`).
+    training statistics). `tool_errors` counts failed tool calls by kind; `tool_outcomes` says
+    how each call went, in order. `timings` holds seconds per phase (generate, tools, score,
+    total). `state` is the environment's per-episode state; what JSON can hold is saved (the
+    task itself is not: it is saved once, as `task`). `policy_version` is the optimizer step
+    whose weights sampled the episode (set by the trainer; None in evaluations).
     """
 
     task: Task
@@ -283,6 +284,7 @@ class EpisodeResult:
     timings: dict[str, float] = field(default_factory=dict)
     rollout_index: int = 0
     state: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None
 
     @property
     def rollout_error(self) -> bool:
@@ -328,6 +330,7 @@ class EpisodeResult:
             "timings": self.timings,
             "rollout_index": self.rollout_index,
             "state": _jsonable({k: v for k, v in self.state.items() if not isinstance(v, Task)}),
+            "policy_version": self.policy_version,
         }
 
     @classmethod
@@ -350,6 +353,7 @@ class EpisodeResult:
             timings=d["timings"],
             rollout_index=d.get("rollout_index", 0),
             state=d.get("state", {}),
+            policy_version=d.get("policy_version"),
         )
 
     def to_json(self) -> str:

@@ -158,3 +158,10 @@ def test_a_dead_server_is_an_infra_error_then_restarted(tmp_path) -> None:
     finally:
         asyncio.run(engine.close())
     assert not engine.servers[0].alive()
+
+
+def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
+    rows = _run(tmp_path, "async", server.base_url, **{"trainer.max_async_steps": 1})
+    assert [r["staleness"] for r in rows] == [0, 1, 1]
+    assert rows[0]["logprob_gap"] < GAP_SYNCED  # sampled by the weights it trains
+    assert all(r["tis_weight_mean"] > 0 for r in rows)  # TIS is on with vLLM

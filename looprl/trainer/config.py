@@ -120,8 +120,12 @@ class TrainerSection(_Section):
     micro_batch_tokens: int = Field(
         8192, ge=64, description="token budget of one forward/backward micro-batch"
     )
-    one_step_ahead: bool = Field(
-        False, description="generate batch n+1 while training on batch n (importance correction on)"
+    max_async_steps: int = Field(
+        0,
+        ge=0,
+        description="bounded staleness: generate the batches of up to k later steps while step n "
+        "trains (0 = on-policy; 1 = one step ahead); samples carry their "
+        "policy version and older than k are dropped",
     )
     eval_every: int = Field(
         10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
@@ -207,6 +211,13 @@ class TrainConfig(_Section):
         return self
 
 
+RENAMED = {
+    "trainer.one_step_ahead": " (it became trainer.max_async_steps: one_step_ahead = true is "
+    "max_async_steps = 1)",
+}
+"""Fields that were renamed: the error for the old name says the new one."""
+
+
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the field and the fix."""
 
@@ -268,5 +279,5 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         lines = []
         for err in exc.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            lines.append(f"{loc}: {err['msg']}")
+            lines.append(f"{loc}: {err['msg']}{RENAMED.get(loc, '')}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None

@@ -59,6 +59,9 @@ METRICS: dict[str, str] = {
     "zero_var_frac": "fraction of groups whose rewards were all equal",
     "keep_frac": "fraction of samples kept for the update",
     "train_tokens_per_s": "forward tokens per second of update time",
+    # bounded-staleness async (trainer.max_async_steps)
+    "staleness": "updates between the policy that sampled the batch and the one it trains",
+    "stale_dropped": "episodes dropped as staler than max_async_steps",
     # time, seconds
     "time/generate": "rolling out the step's groups",
     "time/score": "scoring them",

@@ -18,6 +18,7 @@ from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.run_eval import EvalJob, run_eval
 from looprl.trainer import setup as S
+from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics
@@ -73,7 +74,7 @@ class Trainer:
         self._vllm_dir = S.export_for_servers(model, self.tokenizer, cfg)
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
-        separate = cfg.model.lora or cfg.trainer.one_step_ahead or cfg.engine.kind != "torch"
+        separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
         self.engine_model = self.model
         if cfg.engine.kind == "torch":
             self.engine_model = S.engine_copy(self.model) if separate else self.model
@@ -168,37 +169,32 @@ class Trainer:
                 self.logger.close()
 
     async def _loop(self) -> dict[str, float]:
+        """Each step: its batch (generated ahead when `max_async_steps` > 0), update, sync, log."""
         from looprl.trainer.plots import plot_run
 
         cfg = self.cfg.trainer
         last: dict[str, float] = {}
-        pending: asyncio.Task[tuple[list[list[EpisodeResult]], float, int]] | None = None
+        ahead = Ahead(self._collect_chained, self.step + 1)
         if cfg.eval_before and self.step == 0:
             self.logger.log(0, await self._evaluate(0))  # the starting point of every eval curve
         while self.step < cfg.steps:
             step = self.step + 1
-            if pending is not None:
-                groups, gen_s, used = await pending
+            ahead.start_through(min(step + cfg.max_async_steps, self._next_checkpoint(step)))
+            batch = await ahead.take(step)
+            if ahead.pending:  # later batches generate while this one trains
+                metrics = await asyncio.to_thread(self._update, batch.groups)
+                await ahead.idle()  # the engine must be idle before its weights change
             else:
-                groups, gen_s, used = await self._collect(step, self.cursor)
-            self.cursor += used
-            pending = None
-            if cfg.one_step_ahead and step < cfg.steps and step % cfg.save_every:
-                # prefetch the next batch with the current weights; never across a checkpoint,
-                # so a resumed run regenerates exactly what the uninterrupted run did
-                pending = asyncio.create_task(self._collect(step + 1, self.cursor))
-                metrics = await asyncio.to_thread(self._update, groups)
-                await asyncio.wait({pending})  # the engine must be idle before its weights change
-            else:
-                metrics = self._update(groups)
+                metrics = self._update(batch.groups)
             metrics.update(self._sync(step))
-            metrics["time/generate"] = gen_s
-            metrics.update(self._rollout_metrics(groups, gen_s))
+            metrics.update(
+                batch.metrics(step), **self._rollout_metrics(batch.groups, batch.seconds)
+            )
             self.step = step
             if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
                 metrics.update(await self._evaluate(step))
             self.logger.log(step, metrics)
-            self._save_rollouts(step, groups)
+            self._save_rollouts(step, batch.groups)
             last = metrics
             if step % cfg.save_every == 0 or step == cfg.steps:
                 self._checkpoint()
@@ -210,12 +206,28 @@ class Trainer:
                 if step % cfg.save_every:
                     self._checkpoint()
                 break
-        if pending is not None:
-            await pending  # let the engine finish before shutting it down
+        await ahead.idle()  # let the engine finish before shutting it down
         self._export()
         plot_run(self.run_dir)
         await self.engine.close()
         return last
+
+    def _next_checkpoint(self, step: int) -> int:
+        """The first step >= `step` that writes a checkpoint. Batches are never generated ahead
+        across it, so a run resumed there regenerates exactly what the uninterrupted run did."""
+        every = self.cfg.trainer.save_every
+        return min(-(-step // every) * every, self.cfg.trainer.steps)
+
+    async def _collect_chained(self, step: int, after: asyncio.Task[Batch] | None) -> Batch:
+        """Step `step`'s batch, from the task cursor the previous batch left (awaited first)."""
+        if after is not None:
+            await asyncio.wait({after})
+        version = self.engine.policy_version
+        groups, seconds, used = await self._collect(step, self.cursor)
+        self.cursor += used
+        for ep in (ep for g in groups for ep in g):
+            ep.policy_version = version
+        return Batch(groups, seconds, version, self.cfg.trainer.max_async_steps)
 
     async def _collect(
         self, step: int, cursor: int
