@@ -11,21 +11,21 @@ from typing import Any
 from looprl.console import console
 
 
-def parse_overrides(items: list[str], prefix: str) -> dict[str, Any]:
-    """Turn `--prefix.key value` pairs into a dict (values parsed as JSON when possible)."""
+def parse_overrides(items: list[str], *prefixes: str) -> dict[str, dict[str, Any]]:
+    """Turn `--prefix.key value` pairs into one dict per prefix (values parsed as JSON when possible)."""
     from looprl.trainer.config import ConfigError, parse_cli_overrides
 
     try:
         parsed = parse_cli_overrides(items)
     except ConfigError as exc:
         raise SystemExit(f"error: {exc}") from None
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {prefix: {} for prefix in prefixes}
     for key, value in parsed.items():
-        if not key.startswith(f"{prefix}."):
-            raise SystemExit(
-                f"error: unrecognized argument --{key}; options for the environment look like --{prefix}.KEY VALUE"
-            )
-        out[key[len(prefix) + 1 :]] = value
+        prefix, _, rest = key.partition(".")
+        if prefix not in out:
+            shapes = " or ".join(f"--{p}.KEY VALUE" for p in prefixes)
+            raise SystemExit(f"error: unrecognized argument --{key}; options look like {shapes}")
+        out[prefix][rest] = value
     return out
 
 
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     argv, extra = split_dotted(argv)
     args = parser.parse_args(argv)
     if args.command == "eval":
-        return run_eval_command(args, parse_overrides(extra, "env"))
+        overrides = parse_overrides(extra, "env", "engine")
+        return run_eval_command(args, overrides["env"], overrides["engine"])
     if args.command in ("train", "sft"):
         return int(args.func(args, extra) or 0)
     if extra:
@@ -128,10 +129,22 @@ def _default_output(args: argparse.Namespace) -> Path:
     return Path("runs") / f"eval-{env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> int:
+def run_eval_command(
+    args: argparse.Namespace, env_kwargs: dict[str, Any], engine: dict[str, Any] | None = None
+) -> int:
     """`looprl eval`: run, stream results, print the summary, write metadata; 1 if it failed."""
+    from pydantic import ValidationError
+
+    from looprl.engines.config import EngineSection
     from looprl.envs.registry import load_environment
     from looprl.run_eval import EvalConfig, evaluate_and_report
+
+    try:
+        engine_cfg = EngineSection.model_validate(engine or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise SystemExit(f"error: --engine.{loc}: {err['msg']}") from None
 
     if args.num_tasks < 1 or args.rollouts < 1:
         raise SystemExit("error: -n and -r must be >= 1")
@@ -146,7 +159,7 @@ def run_eval_command(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> in
         api_key=args.api_key, num_tasks=args.num_tasks, rollouts=args.rollouts, split=args.split,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         max_tokens=args.max_tokens, seed=args.seed, pass_threshold=args.pass_threshold,
-        concurrency=args.concurrency, resume=args.resume,
+        concurrency=args.concurrency, resume=args.resume, engine=engine_cfg,
     )  # fmt: skip
     outcome = evaluate_and_report(cfg, env)
     return 1 if outcome.status == "failed" else 0

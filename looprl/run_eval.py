@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from looprl.console import console
 from looprl.engines.base import Engine
+from looprl.engines.config import EngineSection
 from looprl.envs.base import Environment
 from looprl.evaluation import (
     Summary,
@@ -134,6 +135,7 @@ class EvalConfig:
     pass_threshold: float = 1.0
     concurrency: int = 64
     resume: bool = False
+    engine: EngineSection = field(default_factory=EngineSection)
 
 
 def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
@@ -150,11 +152,13 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
     policy = make_policy(
         cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, seed=cfg.seed,
         # every rollout of every group in flight may wait on the server at once
-        max_concurrency=cfg.concurrency * cfg.rollouts,
+        max_concurrency=cfg.concurrency * cfg.rollouts, engine=cfg.engine,
+        max_model_len=env.limits.max_context_tokens,
     )  # fmt: skip
     metadata = {
         "kind": "eval", "env": cfg.env, "env_kwargs": cfg.env_kwargs, "model": cfg.model,
-        "base_url": cfg.base_url, "sampling": sampling.to_dict(), "num_tasks": len(tasks),
+        "base_url": cfg.base_url, "engine": cfg.engine.kind, "sampling": sampling.to_dict(),
+        "num_tasks": len(tasks),
         "rollouts_per_task": cfg.rollouts, "split": cfg.split, "seed": cfg.seed,
     }  # fmt: skip
     return EvalJob(

@@ -165,3 +165,31 @@ def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
     assert [r["staleness"] for r in rows] == [0, 1, 1]
     assert rows[0]["logprob_gap"] < GAP_SYNCED  # sampled by the weights it trains
     assert all(r["tis_weight_mean"] > 0 for r in rows)  # TIS is on with vLLM
+
+
+def test_eval_with_the_vllm_engine(tmp_path) -> None:
+    from looprl.cli import main
+
+    out = tmp_path / "ev"
+    args = ["eval", "calculator", "--model", "tiny", "--engine.kind", "vllm", "-n", "2", "-r", "2"]
+    assert main([*args, "--max-tokens", "16", "--output", str(out)]) == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["engine"] == "vllm" and meta["summary"]["episodes"] == 4
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert all(sum(r["trajectories"][0]["mask"]) > 0 for r in rows)  # sampled ids came back
+    assert not _server_groups("looprl-vllm-model-")  # the engine closed its server
+
+
+def test_a_model_vllm_cannot_load_names_the_cause(tmp_path) -> None:
+    from looprl.engines.vllm_server import VLLMServer, VLLMServerError
+
+    (tmp_path / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    with pytest.raises(VLLMServerError, match=r"(?s)exited with code .* end of its log"):
+        VLLMServer(tmp_path, startup_timeout=120).start()
+
+
+def test_a_bad_engine_option_is_one_line(capsys) -> None:
+    from looprl.cli import main
+
+    with pytest.raises(SystemExit, match=r"--engine.kind: Input should be 'torch' or 'vllm'"):
+        main(["eval", "calculator", "--engine.kind", "sglang"])

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from looprl.engines.base import Engine, TrainableEngine
+from looprl.engines.config import EngineSection
 
 EngineKind = Literal["torch", "openai", "vllm"]
 
@@ -88,21 +89,46 @@ def make_policy(
     max_batch_size: int = 64,
     seed: int = 0,
     device: str | None = None,
+    engine: EngineSection | None = None,
+    max_model_len: int = 2048,
 ) -> Policy:
-    """`--base-url` gives a message-level OpenAI engine; otherwise load `model` into a TorchEngine.
+    """`--base-url` gives a message-level OpenAI engine; otherwise load `model` and sample it in
+    process (TorchEngine) or, with `engine.kind = "vllm"`, on vLLM servers started on it.
 
     `model` is `tiny`, `smollm2-135m`, or a local Hugging Face model directory.
     """
     if base_url:
-        engine = make_engine(
+        client = make_engine(
             "openai", model_name=model, base_url=base_url, api_key=api_key,
             max_concurrency=max_concurrency,
         )  # fmt: skip
-        return Policy(engine=engine, name=model)
+        return Policy(engine=client, name=model)
     from looprl.models.loading import load_model
 
     hf_model, tokenizer = load_model(model, device=device)
-    engine = make_engine(
+    if engine is not None and engine.kind == "vllm":
+        served = vllm_engine(hf_model, tokenizer, engine, max_model_len=max_model_len, seed=seed)
+        return Policy(engine=served, tokenizer=tokenizer, name=model)
+    sampler = make_engine(
         "torch", model=hf_model, tokenizer=tokenizer, max_batch_size=max_batch_size, seed=seed
     )
-    return Policy(engine=engine, model=hf_model, tokenizer=tokenizer, name=model)
+    return Policy(engine=sampler, model=hf_model, tokenizer=tokenizer, name=model)
+
+
+def vllm_engine(
+    model: Any, tokenizer: Any, engine: EngineSection, *, max_model_len: int, seed: int
+) -> TrainableEngine:
+    """A `VLLMEngine` for a loaded model: on `engine.base_urls`, or on servers it starts from the
+    model exported to RAM (the export is removed when the engine closes)."""
+    from looprl.engines.vllm_engine import VLLMEngine, ram_dir
+
+    model_dir = None
+    if not engine.base_urls:  # a fresh directory in RAM: no need for an atomic export
+        model_dir = ram_dir("looprl-vllm-model-")
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    return VLLMEngine(
+        model_dir, tokenizer, base_urls=engine.base_urls, num_servers=engine.num_servers,
+        max_concurrency=engine.max_concurrency, max_model_len=max_model_len, seed=seed,
+        startup_timeout=engine.startup_timeout, owned_dirs=[model_dir] if model_dir else [],
+    )  # fmt: skip

@@ -47,7 +47,7 @@ class VLLMEngine:
 
     `model_dir` is the Hugging Face directory the servers start from (needed unless `base_urls`
     are given); `tokenizer` decodes sampled ids for the parser; `max_concurrency` bounds the
-    requests in flight per server.
+    requests in flight per server; `owned_dirs` are removed when the engine closes.
     """
 
     token_level = True
@@ -64,10 +64,12 @@ class VLLMEngine:
         seed: int = 0,
         startup_timeout: float = 300.0,
         served_name: str = SERVED_NAME,
+        owned_dirs: list[Path] | None = None,
     ) -> None:
         if not base_urls and model_dir is None:
             raise ValueError("VLLMEngine needs model_dir (to start servers) or base_urls")
         self.tokenizer = tokenizer
+        self.owned_dirs = list(owned_dirs or [])  # removed by close() (a model exported to RAM)
         self.policy_version = 0
         self.servers: list[VLLMServer] = []
         if base_urls:
@@ -163,7 +165,8 @@ class VLLMEngine:
         for client in self.clients:
             await client.close()
         await asyncio.to_thread(self._stop_servers)
-        shutil.rmtree(self._weights_root, ignore_errors=True)
+        for path in [self._weights_root, *self.owned_dirs]:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _stop_servers(self) -> None:
         for server in self.servers:

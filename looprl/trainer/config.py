@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from looprl.engines.config import EngineSection
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -146,31 +148,6 @@ class TrainerSection(_Section):
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")
-
-
-class EngineSection(_Section):
-    """Where rollouts are sampled: in process (torch) or on vLLM servers."""
-
-    kind: Literal["torch", "vllm"] = Field(
-        "torch", description="torch: in-process TorchEngine (the default); vllm: vLLM servers"
-    )
-    base_urls: list[str] = Field(
-        default_factory=list,
-        description="vllm: servers you started (http://host:port/v1), never stopped by looprl; "
-        "empty: looprl starts its own",
-    )
-    num_servers: int = Field(1, ge=1, description="vllm: servers looprl starts")
-    startup_timeout: float = Field(
-        300.0, gt=0, description="vllm: seconds to wait for a started server's /health"
-    )
-    max_concurrency: int = Field(
-        64, ge=1, description="vllm: requests in flight per server (the engine's bound)"
-    )
-
-    @field_validator("base_urls", mode="before")
-    @classmethod
-    def _split_urls(cls, v: Any) -> Any:
-        return [u for u in v.split(",") if u] if isinstance(v, str) else v
 
 
 class RunSection(_Section):

@@ -130,16 +130,3 @@ def make_scheduler(
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def export_for_servers(model: torch.nn.Module, tokenizer: Any, cfg: TrainConfig) -> str | None:
-    """The model directory vLLM servers start from, written to RAM (None unless looprl starts
-    vLLM servers itself): the loaded model as a Hugging Face directory, before any adapter."""
-    if cfg.engine.kind != "vllm" or cfg.engine.base_urls:
-        return None
-    from looprl.engines.vllm_engine import ram_dir
-    from looprl.trainer.checkpoint import export_hf
-
-    out = ram_dir("looprl-vllm-model-")
-    export_hf(model, tokenizer, out)
-    return str(out)

@@ -13,6 +13,7 @@ from typing import Any
 
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
+from looprl.engines.base import TrainableEngine
 from looprl.evaluation import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
@@ -61,7 +62,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
-        from looprl.engines.factory import make_trainable_engine
+        from looprl.engines.factory import make_trainable_engine, vllm_engine
         from looprl.models.loading import load_model
         from looprl.trainer.logger import MetricsLogger
 
@@ -71,20 +72,21 @@ class Trainer:
         model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self._vllm_dir = S.export_for_servers(model, self.tokenizer, cfg)
+        self.engine: TrainableEngine
+        if cfg.engine.kind == "vllm":  # servers start from the model as loaded, before adapters
+            self.engine = vllm_engine(
+                model, self.tokenizer, cfg.engine, seed=cfg.trainer.seed,
+                max_model_len=self.env.limits.max_context_tokens,
+            )  # fmt: skip
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
         separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
         self.engine_model = self.model
         if cfg.engine.kind == "torch":
             self.engine_model = S.engine_copy(self.model) if separate else self.model
-        self.engine = make_trainable_engine(
-            cfg.engine.kind, model=self.engine_model, tokenizer=self.tokenizer,
-            seed=cfg.trainer.seed, model_dir=self._vllm_dir, base_urls=cfg.engine.base_urls,
-            num_servers=cfg.engine.num_servers, max_concurrency=cfg.engine.max_concurrency,
-            max_model_len=self.env.limits.max_context_tokens,
-            startup_timeout=cfg.engine.startup_timeout,
-        )  # fmt: skip
+            self.engine = make_trainable_engine(
+                "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
+            )
         self._closers.append(self.engine.close)
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
             # sampler and trainer share weights: the correction would be the identity
