@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from looprl.types import Generation, Message, SamplingParams
@@ -58,8 +59,8 @@ class TrainableEngine(Engine, Protocol):
     first update). After each step the trainer calls `sync_weights` with the new weights: a
     mapping of parameter name to tensor (adapters merged in), or None when the engine samples
     from the trainer's own tensors, which the optimizer already changed in place. The trainer
-    never needs to know which engine it drives. (An engine that hot-loads LoRA adapters, a
-    vLLM server, will add an adapter method beside this one.)
+    never needs to know which engine it drives. An engine that hot-loads LoRA adapters is an
+    `AdapterEngine` as well.
     """
 
     policy_version: int
@@ -68,4 +69,16 @@ class TrainableEngine(Engine, Protocol):
         self, weights: Mapping[str, torch.Tensor] | None, *, version: int | None = None
     ) -> None:
         """Sample from `weights` (None: the shared tensors) from now on, as policy `version`."""
+        ...
+
+
+@runtime_checkable
+class AdapterEngine(TrainableEngine, Protocol):
+    """A trainable engine that takes a LoRA adapter after each step instead of full weights."""
+
+    takes_adapters: bool
+    """True when the engine was started to serve adapters (else it takes full weights)."""
+
+    def load_adapter(self, adapter_dir: Path, *, version: int) -> None:
+        """Sample with the PEFT adapter saved in `adapter_dir` from now on, as policy `version`."""
         ...

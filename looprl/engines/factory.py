@@ -116,10 +116,17 @@ def make_policy(
 
 
 def vllm_engine(
-    model: Any, tokenizer: Any, engine: EngineSection, *, max_model_len: int, seed: int
+    model: Any,
+    tokenizer: Any,
+    engine: EngineSection,
+    *,
+    max_model_len: int,
+    seed: int,
+    lora_rank: int | None = None,
 ) -> TrainableEngine:
     """A `VLLMEngine` for a loaded model: on `engine.base_urls`, or on servers it starts from the
-    model exported to RAM (the export is removed when the engine closes)."""
+    model exported to RAM (the export is removed when the engine closes); with `lora_rank` the
+    servers take LoRA adapters of that rank after each step instead of full weights."""
     from looprl.engines.vllm_engine import VLLMEngine, ram_dir
 
     model_dir = None
@@ -131,4 +138,5 @@ def vllm_engine(
         model_dir, tokenizer, base_urls=engine.base_urls, num_servers=engine.num_servers,
         max_concurrency=engine.max_concurrency, max_model_len=max_model_len, seed=seed,
         startup_timeout=engine.startup_timeout, owned_dirs=[model_dir] if model_dir else [],
+        lora_rank=lora_rank,
     )  # fmt: skip

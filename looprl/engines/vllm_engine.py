@@ -10,6 +10,9 @@ servers the user started (`base_urls`, never stopped by looprl).
   turn of a group's episodes hits one server's prefix cache. A request whose server is dead
   goes to the next live one; a dead server that looprl started is restarted (and reloaded with
   the current weights) before the next step, and counted in `stats`.
+- **LoRA.** With `lora_rank`, servers start with `--enable-lora` and `load_adapter(dir, version)`
+  hot-loads each step's adapter as `policy-vN` (`/v1/load_lora_adapter`); requests name the
+  adapter they were sampled with, and the previous one is unloaded.
 - **Weight sync.** `sync_weights(state, version)` writes the weights as safetensors into a new
   directory under a RAM-backed folder (`/dev/shm` when it exists), atomically (write, then
   rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older
@@ -27,12 +30,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from safetensors.torch import save_file
 
 from looprl.engines.base import GenerationRequest
 from looprl.engines.openai_engine import OpenAIEngine
-from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, reload_weights
+from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, VLLMServerError, reload_weights
 from looprl.types import Generation
 
 
@@ -65,10 +69,13 @@ class VLLMEngine:
         startup_timeout: float = 300.0,
         served_name: str = SERVED_NAME,
         owned_dirs: list[Path] | None = None,
+        lora_rank: int | None = None,
     ) -> None:
         if not base_urls and model_dir is None:
             raise ValueError("VLLMEngine needs model_dir (to start servers) or base_urls")
         self.tokenizer = tokenizer
+        self.takes_adapters = lora_rank is not None
+        self.served_name = served_name
         self.owned_dirs = list(owned_dirs or [])  # removed by close() (a model exported to RAM)
         self.policy_version = 0
         self.servers: list[VLLMServer] = []
@@ -77,7 +84,7 @@ class VLLMEngine:
         else:
             self.servers = [
                 VLLMServer(model_dir or "", max_model_len=max_model_len, seed=seed + i,
-                           startup_timeout=startup_timeout)
+                           startup_timeout=startup_timeout, extra_args=_lora_args(lora_rank))
                 for i in range(num_servers)
             ]  # fmt: skip
             urls = self._start_all()
@@ -88,6 +95,7 @@ class VLLMEngine:
         ]  # fmt: skip
         self._weights_root = ram_dir("looprl-weights-")
         self._current: Path | None = None
+        self._current_adapter: Path | None = None
         self.stats = {"failovers": 0, "restarts": 0, "syncs": 0}
 
     def _start_all(self) -> list[str]:
@@ -149,6 +157,31 @@ class VLLMEngine:
             shutil.rmtree(old, ignore_errors=True)
         self.stats["syncs"] += 1
 
+    def load_adapter(self, adapter_dir: Path, *, version: int) -> None:
+        """Hot-load a PEFT adapter on every server as `policy-vN`; requests name it from now on.
+
+        The previous adapter is unloaded once the new one is in; requests in flight keep the
+        version they named.
+        """
+        self.policy_version = version
+        self._restart_dead()
+        name = f"{self.served_name}-v{version}"
+        final = self._weights_root / name
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.copytree(adapter_dir, final)
+        previous = self.clients[0].model
+        for client in self.clients:
+            root = client.base_url.removesuffix("/v1")
+            _post(f"{root}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(final)})
+            client.model = name
+        if previous != self.served_name:
+            for client in self.clients:
+                root = client.base_url.removesuffix("/v1")
+                _post(f"{root}/v1/unload_lora_adapter", {"lora_name": previous})
+            shutil.rmtree(self._weights_root / previous, ignore_errors=True)
+        self._current_adapter = final
+        self.stats["syncs"] += 1
+
     def _restart_dead(self) -> None:
         """Start dead servers that looprl runs again, with the current weights."""
         for i, server in enumerate(self.servers):
@@ -159,6 +192,12 @@ class VLLMEngine:
             self.clients[i].base_url = url.rstrip("/")
             if self._current is not None:
                 server.reload_weights(self._current)
+            if self._current_adapter is not None:
+                body = {
+                    "lora_name": self._current_adapter.name,
+                    "lora_path": str(self._current_adapter),
+                }
+                _post(f"{url.removesuffix('/v1')}/v1/load_lora_adapter", body)
 
     async def close(self) -> None:
         """Close connections and stop the servers looprl started."""
@@ -171,3 +210,19 @@ class VLLMEngine:
     def _stop_servers(self) -> None:
         for server in self.servers:
             server.stop()
+
+
+def _lora_args(rank: int | None) -> tuple[str, ...]:
+    """vLLM flags for serving LoRA adapters of `rank` (none without one)."""
+    if rank is None:
+        return ()
+    return ("--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2")
+
+
+def _post(url: str, body: dict[str, Any], timeout: float = 120.0) -> None:
+    """POST to a vLLM admin endpoint; a failure says which and why."""
+    try:
+        httpx.post(url, json=body, timeout=timeout).raise_for_status()
+    except httpx.HTTPError as exc:
+        detail = exc.response.text[:500] if isinstance(exc, httpx.HTTPStatusError) else str(exc)
+        raise VLLMServerError(f"POST {url} failed: {detail}") from None

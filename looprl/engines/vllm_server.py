@@ -132,6 +132,7 @@ class VLLMServer:
         env = {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc for reload_weights
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         }

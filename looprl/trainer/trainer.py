@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
-from looprl.engines.base import TrainableEngine
+from looprl.engines.base import AdapterEngine, TrainableEngine
 from looprl.evaluation import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
@@ -77,6 +78,7 @@ class Trainer:
             self.engine = vllm_engine(
                 model, self.tokenizer, cfg.engine, seed=cfg.trainer.seed,
                 max_model_len=self.env.limits.max_context_tokens,
+                lora_rank=cfg.model.lora_r if cfg.model.lora else None,
             )  # fmt: skip
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
@@ -282,6 +284,11 @@ class Trainer:
     def _sync(self, version: int) -> dict[str, float]:
         """Copy the new weights into the engine's copy (free when they share tensors)."""
         t0 = time.perf_counter()
+        if isinstance(self.engine, AdapterEngine) and self.engine.takes_adapters:
+            with tempfile.TemporaryDirectory(prefix="looprl-adapter-") as tmp:
+                self.model.save_pretrained(tmp)  # type: ignore[operator]  # the PEFT adapter alone
+                self.engine.load_adapter(Path(tmp), version=version)
+            return {"time/sync": time.perf_counter() - t0}
         # the in-process engine may sample from the trainer's own tensors: nothing to send
         shared = self.cfg.engine.kind == "torch" and self.engine_model is self.model
         weights = None if shared else S.merged_state_dict(self.model)
