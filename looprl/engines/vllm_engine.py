@@ -34,6 +34,7 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
+from looprl.console import console
 from looprl.engines.base import GenerationRequest
 from looprl.engines.openai_engine import OpenAIEngine
 from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, VLLMServerError, reload_weights
@@ -119,6 +120,12 @@ class VLLMEngine:
             if self.servers[first].alive() or not self.servers[i].alive():
                 break
             self.stats["failovers"] += 1
+            if self.stats["failovers"] == 1:
+                console.print(
+                    f"[yellow]warning:[/yellow] vLLM server {first} is down; its requests go to "
+                    "the next live server until the next step restarts it",
+                    highlight=False,
+                )
             gen = await self.clients[i].generate(request)
             if gen.finish_reason != "error":
                 return gen
@@ -187,6 +194,11 @@ class VLLMEngine:
         for i, server in enumerate(self.servers):
             if server.alive():
                 continue
+            console.print(
+                f"[yellow]warning:[/yellow] vLLM server {i} ({server.base_url}) died; restarting "
+                f"it (log: {server.log_path})",
+                highlight=False,
+            )
             url = server.restart()
             self.stats["restarts"] += 1
             self.clients[i].base_url = url.rstrip("/")
