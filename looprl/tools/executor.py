@@ -20,6 +20,7 @@ the sandbox does. Tools that may hang for good belong in a sandbox process or sh
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import json
@@ -297,34 +298,18 @@ class ToolExecutor:
         return values
 
     async def _invoke(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
-        """Call the tool under the per-call timeout; exceptions become `exception` errors."""
-        if not tool.is_async:
-            return await self._invoke_sync(tool, kwargs)
-        try:
-            async with asyncio.timeout(self.timeout) as deadline:
-                return await tool.fn(**kwargs)
-        except TimeoutError as exc:
-            if deadline.expired():
-                raise self._timeout(tool) from None
-            raise _CallError(EXCEPTION, _exception_text(exc)) from None
-        except ToolError as exc:
-            raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
-        except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
-            raise _CallError(EXCEPTION, _exception_text(exc)) from None
+        """Call the tool under the per-call timeout; every failure becomes a `_CallError`.
 
-    async def _invoke_sync(self, tool: Tool, kwargs: dict[str, Any]) -> Any:
-        """Run a sync tool on a pool thread; the timeout starts when the thread picks it up."""
-        loop = asyncio.get_running_loop()
-        started = asyncio.Event()
-        call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
-        pool = self._threads()
+        A sync tool runs on a pool thread and its timeout starts when a thread picks it up; if
+        it overruns (or the episode is cancelled) its thread is abandoned and replaced.
+        """
+        pool, future = None, None
         try:
-            future = pool.submit(call, on_start=lambda: loop.call_soon_threadsafe(started.set))
-        except ToolThreadsExhausted as exc:
-            raise _CallError(
-                UNAVAILABLE, f"tool {tool.name!r} could not run: {exc}", infra=True
-            ) from None
-        try:
+            if tool.is_async:
+                async with asyncio.timeout(self.timeout) as deadline:
+                    return await tool.fn(**kwargs)
+            pool = self._threads()
+            future, started = self._submit(pool, tool, kwargs)
             await started.wait()
             async with asyncio.timeout(self.timeout) as deadline:
                 return await asyncio.wrap_future(future)
@@ -334,11 +319,28 @@ class ToolExecutor:
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         except ToolError as exc:
             raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
+        except _CallError:
+            raise
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         finally:
-            if not future.done():  # timed out or cancelled: free the thread's slot
-                pool.abandon(future)
+            if pool is not None and future is not None and not future.done():
+                pool.abandon(future)  # timed out or cancelled: free the thread's slot
+
+    def _submit(
+        self, pool: ToolThreads, tool: Tool, kwargs: dict[str, Any]
+    ) -> tuple[concurrent.futures.Future[Any], asyncio.Event]:
+        """Queue a sync call; the event is set when a thread starts it."""
+        loop = asyncio.get_running_loop()
+        started = asyncio.Event()
+        call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
+        try:
+            future = pool.submit(call, on_start=lambda: loop.call_soon_threadsafe(started.set))
+        except ToolThreadsExhausted as exc:
+            raise _CallError(
+                UNAVAILABLE, f"tool {tool.name!r} could not run: {exc}", infra=True
+            ) from None
+        return future, started
 
     def _timeout(self, tool: Tool) -> _CallError:
         return _CallError(
