@@ -17,7 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from looprl.evaluation import Summary
+    from looprl.types import Summary
 
 console = Console()
 

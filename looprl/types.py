@@ -421,3 +421,37 @@ class Generation:
     tool_calls: list[ToolCall] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+
+
+class Summary(TypedDict):
+    """Statistics of a set of episodes (an evaluation or a training batch), as `summarize` makes them.
+
+    Reward statistics cover the `scored_episodes` (no error of any kind); `rewards` holds the
+    mean of each reward function and metric; `pass_at_k` maps `pass@k` to the unbiased
+    estimate; the error counts are episodes (`rollout_errors` includes `infra_errors`);
+    `tool_errors` counts failed calls by kind; `per_env` splits a mixture by environment.
+    Turned into training metrics by `looprl.trainer.metrics`, into the console table by
+    `looprl.console.summary_table`, and saved in `metadata.json` for the viewer.
+    """
+
+    episodes: int
+    scored_episodes: int
+    reward_mean: float
+    reward_std: float
+    rewards: dict[str, float]
+    pass_at_k: dict[str, float]
+    turns_mean: float
+    tool_calls_mean: float
+    tool_errors: dict[str, int]
+    truncated: int
+    stop_reasons: dict[str, int]
+    rollout_errors: int
+    infra_errors: int
+    scoring_errors: int
+    error_messages: list[str]
+    template_breaks: int
+    per_env: NotRequired[dict[str, dict[str, Any]]]
+    generated_tokens: int
+    generated_tokens_mean: float
+    generate_seconds: NotRequired[float]
+    tokens_per_second: NotRequired[float]
