@@ -213,3 +213,36 @@ def test_lora_adapters_are_hot_loaded_each_step(tmp_path) -> None:
     rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     assert trainer.engine.clients[0].model == "policy-v3"  # type: ignore[attr-defined]
     assert all(r["logprob_gap"] < GAP_LORA for r in rows), [r["logprob_gap"] for r in rows]
+
+
+def test_two_servers_share_groups_and_fail_over(tmp_path) -> None:
+    """Groups spread over both servers by task id; a dead server's requests go to the other."""
+    from looprl.engines.vllm_engine import VLLMEngine
+    from looprl.models.loading import load_model
+    from looprl.trainer.checkpoint import export_hf
+
+    model, tokenizer = load_model("tiny")
+    export_hf(model, tokenizer, tmp_path / "m")
+    engine = VLLMEngine(tmp_path / "m", tokenizer, num_servers=2, max_model_len=512)
+
+    def request(task: str) -> GenerationRequest:
+        return GenerationRequest(
+            prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=4, seed=1), affinity=task
+        )
+
+    try:
+        tasks = [f"task-{i}" for i in range(8)]
+        homes = {t: engine._pick(request(t)) for t in tasks}
+        assert set(homes.values()) == {0, 1}  # both servers get groups
+        for t in tasks:
+            assert asyncio.run(engine.generate(request(t))).finish_reason != "error"
+        assert all(c.stats["requests"] > 0 for c in engine.clients)
+        os.killpg(engine.servers[0].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        engine.servers[0].process.wait()  # type: ignore[union-attr]
+        orphan = next(t for t in tasks if homes[t] == 0)
+        assert asyncio.run(engine.generate(request(orphan))).finish_reason != "error"
+        assert engine.stats["failovers"] == 1
+        engine.sync_weights(model.state_dict(), version=1)
+        assert engine.stats["restarts"] == 1 and all(s.alive() for s in engine.servers)
+    finally:
+        asyncio.run(engine.close())
