@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     _view_parser(sub)
     _init_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
-    argv, extra = split_dotted(argv)
-    args = parser.parse_args(argv)
+    plain, extra = split_dotted(argv)
+    args = parser.parse_args(plain)
+    args.argv = argv  # as given, for a command that relaunches itself (train --nproc)
     if args.command == "eval":
         overrides = parse_overrides(extra, "env", "engine")
         return run_eval_command(args, overrides["env"], overrides["engine"])
@@ -178,15 +179,41 @@ def _train_parser(sub: Any) -> None:
     p.add_argument(
         "--run-dir", default=None, help="run directory (default runs/NAME from the config)"
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="train with N processes (FSDP2): relaunches this command under torchrun",
+    )
     p.set_defaults(func=run_train_command)
 
 
+def torchrun_command(argv: list[str], nproc: int) -> list[str]:
+    """`python -m torch.distributed.run --nproc-per-node N -m looprl.cli ARGV` (ARGV without --nproc)."""
+    rest, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--nproc":
+            i += 2
+            continue
+        if not argv[i].startswith("--nproc="):
+            rest.append(argv[i])
+        i += 1
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "-m", "looprl.cli", *rest]  # fmt: skip
+
+
 def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
-    """`looprl train`: load and validate the config, then train."""
+    """`looprl train`: load and validate the config, then train (under torchrun with --nproc N)."""
     from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
 
+    if args.nproc < 1:
+        raise SystemExit("error: --nproc must be >= 1")
     try:
         cfg = load_config(args.config, parse_cli_overrides(extra))
+        if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
+            import subprocess
+
+            return subprocess.call(torchrun_command(args.argv, args.nproc))
         from looprl.trainer.trainer import Trainer
 
         run_dir = Path(args.run_dir) if args.run_dir else None

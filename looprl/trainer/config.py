@@ -148,6 +148,18 @@ class TrainerSection(_Section):
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")
+    collective_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="under torchrun: a collective that waits longer than this ends the job with "
+        "an error (a dead or hung rank); 600 s is torch's NCCL default",
+    )
+    main_phase_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="under torchrun: how long ranks wait for rank 0's own work (evaluation, "
+        "export) before giving up; an evaluation may take far longer than one collective",
+    )
 
 
 class RunSection(_Section):

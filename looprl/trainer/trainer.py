@@ -19,6 +19,7 @@ from looprl.evaluation import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.run_eval import EvalJob, run_eval
+from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
@@ -53,7 +54,13 @@ class Trainer:
                 f"{self.run_dir} already holds a training run; continue it with --resume, or "
                 "start a new one under another name (--run.name NAME or --run-dir DIR)"
             )
+        if D.torchrun_world_size() > 1:  # before any process group: a refusal costs nothing
+            refused = D.unsupported(cfg) + (["--resume (sharded checkpoints come later)"] * resume)
+            if refused:
+                raise ConfigError("not yet supported with several processes: " + "; ".join(refused))
         self.resume = resume
+        self.dist: D.Dist | None = None  # set by _setup under torchrun
+        self.is_main = True  # rank 0 (or the only process): it alone logs and writes files
         self._closers: list[
             Callable[[], Coroutine[Any, Any, None]]
         ] = []  # run on a failed run's way out
@@ -65,11 +72,15 @@ class Trainer:
     def _setup(self) -> None:
         from looprl.engines.factory import make_trainable_engine, vllm_engine
         from looprl.models.loading import load_model
-        from looprl.trainer.logger import MetricsLogger
 
         cfg = self.cfg
         S.seed_everything(cfg.trainer.seed)
-        self.device = S.pick_device(cfg.trainer.device)
+        self.dist, self.device = D.init_distributed(
+            S.pick_device(cfg.trainer.device),
+            cfg.trainer.collective_timeout_s,
+            cfg.trainer.main_phase_timeout_s,
+        )
+        self.is_main = self.dist is None or self.dist.is_main
         model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -84,44 +95,64 @@ class Trainer:
         self.model.eval()
         separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
         self.engine_model = self.model
-        if cfg.engine.kind == "torch":
-            self.engine_model = S.engine_copy(self.model) if separate else self.model
+        if cfg.engine.kind == "torch":  # under FSDP each rank samples from a full copy
+            own = separate or self.dist is not None
+            self.engine_model = S.engine_copy(self.model) if own else self.model
             self.engine = make_trainable_engine(
                 "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
             )
         self._closers.append(self.engine.close)
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
-            # sampler and trainer share weights: the correction would be the identity
+            # sampler and trainer share weights (or, under FSDP, the copy gathered after each
+            # step holds the very same values): the correction would be the identity
             self.algo = dataclasses.replace(self.algo, use_tis=False)
         self.renderer = Renderer(self.tokenizer, self.env.tool_schemas)
         hidden = int(getattr(self.model, "config").hidden_size)  # noqa: B009
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
         self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
+        D.shard_all(self.dist, self.model, self.ref_model, self.value_head)
         self.optimizer = S.make_optimizer(self.model, self.value_head, cfg.optim)
         self.scheduler = S.make_scheduler(self.optimizer, cfg.optim, cfg.trainer.steps)
+        ref = None if self.ref_model is None else D.for_scoring(self.ref_model, self.dist)
         self.ctx = UpdateContext(
-            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
+            model=D.for_scoring(self.model, self.dist), optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
             pad_id=self.tokenizer.pad_token_id or 0, device=self.device, temperature=cfg.rollout.temperature,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
-            updates_per_batch=cfg.algorithm.updates_per_batch, value_head=self.value_head, ref_model=self.ref_model,
+            updates_per_batch=cfg.algorithm.updates_per_batch, value_head=self.value_head, ref_model=ref, dist=self.dist,
         )  # fmt: skip
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume:
-            self._restore()
-        else:
-            (self.run_dir / "config.json").write_text(json.dumps(self._config_record(), indent=2))
-            if cfg.engine.kind != "torch":
-                self._sync(0)  # servers given by URL may hold other weights: send the trainer's
-        self.logger = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.run.tensorboard,
-            resume_step=self.step if self.resume else None,
-        )
+        self._open_run()
         self.eval_tasks = self.env.get_tasks("eval", cfg.trainer.eval_tasks, seed=cfg.trainer.seed)
         self.sampling = SamplingParams(
             max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
         )  # fmt: skip
+
+    def _open_run(self) -> None:
+        """Restore or start the run directory and its logger (rank 0 alone writes files)."""
+        from looprl.trainer.logger import MetricsLogger
+
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume:
+            self._restore()
+        else:
+            if self.is_main:
+                record = json.dumps(self._config_record(), indent=2)
+                (self.run_dir / "config.json").write_text(record)
+            if self.cfg.engine.kind != "torch":
+                self._sync(0)  # servers given by URL may hold other weights: send the trainer's
+        self.logger: MetricsLogger | D.SilentLogger = D.SilentLogger()
+        if self.is_main:
+            self.logger = MetricsLogger(
+                self.run_dir,
+                tensorboard=self.cfg.run.tensorboard,
+                resume_step=self.step if self.resume else None,
+            )
+        if self.dist is not None and self.is_main:
+            console.print(
+                f"[yellow]warning:[/yellow] {self.dist.world} processes: no checkpoints are "
+                "written yet (sharded checkpoints come later); the final model is exported"
+            )
 
     def _config_record(self) -> dict[str, Any]:
         return {
@@ -159,12 +190,20 @@ class Trainer:
         """Train to `trainer.steps` (or early stop); returns the last step's metrics."""
         try:
             self._setup()
-            console.print(
-                f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
-            )
-            console.print_json(json.dumps(self.cfg.model_dump()))
-            return asyncio.run(self._loop())
-        except BaseException:  # an error or Ctrl-C: stop what the run started (vLLM servers)
+            if self.is_main:
+                console.print(
+                    f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
+                )
+                console.print_json(json.dumps(self.cfg.model_dump()))
+            last = asyncio.run(self._loop())
+            D.close_distributed(self.dist)
+            return last
+        except BaseException as exc:  # an error or Ctrl-C: stop what the run started (vLLM servers)
+            note = D.explain_failure(self.dist, exc, self.cfg.trainer.collective_timeout_s)
+            if note:
+                from rich.markup import escape
+
+                console.print(f"[bold red]error:[/bold red] {escape(note)}", highlight=False)
             for close in self._closers:
                 asyncio.run(close())
             raise
@@ -174,8 +213,6 @@ class Trainer:
 
     async def _loop(self) -> dict[str, float]:
         """Each step: its batch (generated ahead when `max_async_steps` > 0), update, sync, log."""
-        from looprl.trainer.plots import plot_run
-
         cfg = self.cfg.trainer
         last: dict[str, float] = {}
         ahead = Ahead(self._collect_chained, self.step + 1)
@@ -202,8 +239,8 @@ class Trainer:
             last = metrics
             if step % cfg.save_every == 0 or step == cfg.steps:
                 self._checkpoint()
-                plot_run(self.run_dir)
-            if self._early_stop(metrics):
+                self._plot()
+            if self._early_stop(metrics) and self.is_main:
                 console.print(
                     f"early stop: {cfg.early_stop_metric} reached {metrics[cfg.early_stop_metric or '']:.3f}"
                 )
@@ -212,7 +249,7 @@ class Trainer:
                 break
         await ahead.idle()  # let the engine finish before shutting it down
         self._export()
-        plot_run(self.run_dir)
+        self._plot()
         await self.engine.close()
         return last
 
@@ -246,9 +283,12 @@ class Trainer:
             need = rc.tasks_per_step - len(kept)
             tasks = self._tasks(cursor + used, need)
             used += need
-            groups = await run_groups(
-                self.env, self.engine, [(t, list(range(rc.rollouts_per_task))) for t in tasks],
-                renderer=self.renderer, config=config, max_concurrent_groups=rc.max_concurrent_groups,
+            groups = await D.run_shared(  # under torchrun: this rank's groups, then all of them
+                self.dist, [(t, list(range(rc.rollouts_per_task))) for t in tasks],
+                lambda share: run_groups(
+                    self.env, self.engine, share, renderer=self.renderer, config=config,
+                    max_concurrent_groups=rc.max_concurrent_groups,
+                ),
             )  # fmt: skip
             if not self.algo.dynamic_sampling:
                 return groups, time.perf_counter() - start, used
@@ -292,6 +332,8 @@ class Trainer:
         # the in-process engine may sample from the trainer's own tensors: nothing to send
         shared = self.cfg.engine.kind == "torch" and self.engine_model is self.model
         weights = None if shared else S.merged_state_dict(self.model)
+        if self.dist is not None:
+            weights = D.full_weights(self.model)  # every rank gathers them for its own engine
         self.engine.sync_weights(weights, version=version)  # under the engine's lock
         return {"time/sync": time.perf_counter() - t0}
 
@@ -301,14 +343,20 @@ class Trainer:
             episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s
         )
         headline, most_failed = error_headline(summary)
-        if most_failed:  # the update learns from the few survivors: say so at once
+        if most_failed and self.is_main:  # the update learns from the few survivors: say so at once
             console.print(f"[bold red]this batch: {headline}[/]", highlight=False)
         out = batch_metrics(summary, len(episodes))
         out["time/score"] = sum(ep.timings.get("score", 0.0) for ep in episodes)
         return out
 
     async def _evaluate(self, step: int) -> dict[str, float]:
-        """Held-out evaluation through the one evaluation path; saved under eval/step_XXXXXX/."""
+        """Held-out evaluation through the one evaluation path; saved under eval/step_XXXXXX/.
+
+        Under torchrun rank 0 evaluates with its engine while the others wait for it.
+        """
+        if not self.is_main:
+            D.wait_for_main(self.dist)
+            return {}
         cfg = self.cfg.trainer
         sampling = SamplingParams(
             **{**self.sampling.to_dict(), "temperature": cfg.eval_temperature}
@@ -322,18 +370,21 @@ class Trainer:
                       "sampling": sampling.to_dict()},
         )  # fmt: skip
         outcome = await run_eval(job)
+        D.wait_for_main(self.dist)
         return {**eval_metrics(outcome.summary), "time/eval": outcome.seconds}
 
     def _save_rollouts(self, step: int, groups: list[list[EpisodeResult]]) -> None:
         from looprl.trainer.logger import save_rollouts
 
         n = self.cfg.trainer.save_rollouts
-        if n:
+        if n and self.is_main:
             save_rollouts(self.run_dir, step, [ep for g in groups for ep in g][:n])
 
     def _checkpoint(self) -> None:
         from looprl.trainer.checkpoint import save_checkpoint
 
+        if self.dist is not None:
+            return  # sharded checkpoints (torch.distributed.checkpoint) come in a later slice
         save_checkpoint(
             self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             extra_state={"step": self.step, "cursor": self.cursor}, value_head=self.value_head,
@@ -345,10 +396,19 @@ class Trainer:
         if cfg.early_stop_metric is None or cfg.early_stop_value is None:
             return False
         value = metrics.get(cfg.early_stop_metric)
-        return value is not None and value >= cfg.early_stop_value
+        return D.from_main(self.dist, value is not None and value >= cfg.early_stop_value)
+
+    def _plot(self) -> None:
+        from looprl.trainer.plots import plot_run
+
+        if self.is_main:
+            plot_run(self.run_dir)
 
     def _export(self) -> None:
         from looprl.trainer.checkpoint import export_hf
 
-        export_hf(self.model, self.tokenizer, self.run_dir / "final")
-        console.print(f"final model: {self.run_dir / 'final'}")
+        if self.is_main:  # under FSDP rank 0's engine copy holds the full, synced weights
+            model = self.model if self.dist is None else self.engine_model
+            export_hf(model, self.tokenizer, self.run_dir / "final")
+            console.print(f"final model: {self.run_dir / 'final'}")
+        D.wait_for_main(self.dist)

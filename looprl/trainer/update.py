@@ -17,6 +17,7 @@ from looprl.algorithms.aggregation import batch_normalizer
 from looprl.algorithms.objective import LOSS_TERMS, policy_objective
 from looprl.algorithms.presets import AlgorithmConfig
 from looprl.models.forward import TokenScores, forward_logprobs
+from looprl.trainer import distributed as D
 from looprl.trainer.batch import Batch, Sample, collate, micro_batches
 
 
@@ -56,6 +57,7 @@ class UpdateContext:
     updates_per_batch: int = 1
     value_head: ValueHead | None = None
     ref_model: torch.nn.Module | None = None
+    dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
 
 
 @dataclass
@@ -63,19 +65,34 @@ class _Prepared:
     """A micro-batch plus the no-grad quantities computed before the update."""
 
     batch: Batch
+    padding: bool = False  # an FSDP filler: its loss is multiplied by 0 and its stats dropped
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
 
+def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample], bool]]:
+    """This rank's micro-batches, as (samples, is_padding).
+
+    Under FSDP every rank must run as many forwards and backwards as the others (each one is a
+    collective), so a rank with fewer micro-batches adds fillers: one trained token whose loss
+    is multiplied by 0. Without `ctx.dist` this is every sample, and no filler.
+    """
+    mine = D.my_share(samples, ctx.dist)
+    by_length = sorted(mine, key=lambda s: len(s.token_ids))  # similar lengths pad less
+    chunks = [(c, False) for c in micro_batches(by_length, ctx.micro_batch_tokens)]
+    filler = Sample([ctx.pad_id, ctx.pad_id], [0, 1], [0.0, 0.0], advantage=0.0, reward=0.0)
+    missing = D.max_over_ranks(ctx.dist, len(chunks)) - len(chunks)
+    return chunks + [([filler], True)] * missing
+
+
 def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     """Collate micro-batches and compute old logprobs, reference logprobs, values and GAE."""
     need_old = ctx.updates_per_batch > 1 or ctx.algo.uses_value_head
     prepared = []
-    by_length = sorted(samples, key=lambda s: len(s.token_ids))  # similar lengths pad less
-    for chunk in micro_batches(by_length, ctx.micro_batch_tokens):
-        p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device))
+    for chunk, padding in _chunks(ctx, samples):
+        p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device), padding=padding)
         with torch.no_grad():
             if need_old:
                 old = _score(
@@ -173,6 +190,7 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     prepared = _prepare(ctx, _with_gradient(algo, samples))
     params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
     acc = StatsAccumulator(steps=ctx.updates_per_batch)
+    grad_norms: list[float] = []
     for _epoch in range(ctx.updates_per_batch):
         ctx.optimizer.zero_grad(set_to_none=True)
         for p in prepared:
@@ -196,19 +214,46 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
                 returns=p.returns,
                 normalizer=norm,
             )
+            if p.padding:
+                loss = loss * 0.0  # runs FSDP's collectives, adds nothing
             loss.backward()  # gradients accumulate over the micro-batches
-            acc.add_micro_batch({**stats, **_advantage_stats(p.batch)})
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)
-        acc.add_total("grad_norm", float(grad_norm))
+            if not p.padding:
+                acc.add_micro_batch({**stats, **_advantage_stats(p.batch)})
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)  # global under FSDP
+        grad_norms.append(float(grad_norm))
         ctx.optimizer.step()
     ctx.scheduler.step()
-    out = acc.means()
+    real = [p for p in prepared if not p.padding]
+    forward = {
+        "forward_tokens": float(sum(int(p.batch.loss_mask.sum()) for p in real)),
+        "forward_positions": float(sum(int(p.batch.attention_mask.sum()) for p in real)),
+    }
+    out = _over_ranks(ctx.dist, acc, forward)
+    for norm_value in grad_norms:
+        out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / ctx.updates_per_batch
     out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
-    out["forward_tokens"] = float(sum(int(p.batch.loss_mask.sum()) for p in prepared))
-    out["forward_positions"] = float(sum(int(p.batch.attention_mask.sum()) for p in prepared))
     out["lr"] = float(ctx.scheduler.get_last_lr()[0])
     ctx.model.eval()
     return out
+
+
+def _over_ranks(
+    d: D.Dist | None, acc: StatsAccumulator, counts: dict[str, float]
+) -> dict[str, float]:
+    """The whole batch's stats: every rank's accumulator merged and its counts summed."""
+    parts = D.gather_objects(d, (acc.sums, acc.weights, counts))
+    merged = StatsAccumulator(steps=acc.steps)
+    total: dict[str, float] = {}
+    for sums, weights, part in parts:
+        for key, value in sums.items():
+            merged.sums[key] = merged.sums.get(key, 0.0) + value
+            # a loss term is a share of the batch total (weight 1); other keys are token means
+            merged.weights[key] = (
+                1.0 if key in LOSS_TERMS else merged.weights.get(key, 0.0) + weights[key]
+            )
+        for key, value in part.items():
+            total[key] = total.get(key, 0.0) + value
+    return {**merged.means(), **total}
 
 
 def _advantage_stats(batch: Batch) -> dict[str, float]:

@@ -1,0 +1,7 @@
+"""`python -m looprl` (and `torchrun -m looprl train CONFIG`): the `looprl` command line."""
+
+import sys
+
+from looprl.cli import main
+
+sys.exit(main())
