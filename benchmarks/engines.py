@@ -19,21 +19,24 @@ names each of its 49,152 ids, so vLLM can load it and decode whatever it samples
 
 Every request samples at temperature 1.0 with no truncation up to `--max-tokens` new tokens and
 stops at the model's stop tokens, as in training; a cell counts the tokens actually returned
-(the "tok/req" column shows how close to the cap they came). Prompts are random ids, new for
-every run, so no side reuses a cached prefix. Set-up (engine, server start, manager) is not
-timed; prefill is. The sides alternate (and which goes first) within each concurrency level so
+("tok/req"). Prompts are random ids, new every run, so no side reuses a cached prefix. Set-up
+(engine, server start, manager) is not timed; prefill is. The sides alternate (and which goes first) within each concurrency level so
 that load from other processes hits them alike; cells are the median [min-max] over `--runs`.
 
-This process uses one torch thread (TorchEngine and hf-cb run here); the vLLM server runs in
-its own processes with vLLM's own thread settings.
+The vLLM server runs with `--no-enable-chunked-prefill` (`--vllm-args ''` runs it as
+looprl ships it): in vLLM 0.32.0 on CPU a seeded request whose prefill gets split into chunks
+kills the engine core ("CPU Generator does not use offset"), and with the CPU default of 2048
+batched tokens, 64 prompts of 64 tokens already split.
+
+This process uses one torch thread (for TorchEngine and hf-cb); vLLM binds its worker to one
+core and keeps the other for its API server and scheduler (and this client).
 
 Weight sync: seconds for `VLLMEngine.sync_weights(state_dict)` (write safetensors to /dev/shm,
 then the server's `reload_weights` and prefix-cache reset) and `TorchEngine.sync_weights` of a
 copied state dict (training with the default torch engine shares tensors and syncs nothing).
 
-End to end (`--e2e-steps N`, tiny model only): N GRPO steps of `looprl.trainer.Trainer` on the
-length test environment with `engine.kind` torch and vllm (the running server, by URL): the
-median of `time/generate`, `time/train`, `time/sync` from metrics.jsonl.
+End to end (`--e2e-steps N`, tiny only): N GRPO steps (4x4, length test env, 16 tokens) with
+`engine.kind` torch and vllm (this server, by URL): median `time/generate`, `/train`, `/sync`.
 
     .venv/bin/python benchmarks/engines.py                         # tiny + SmolLM2-135M shape
     .venv/bin/python benchmarks/engines.py --quick --models tiny   # smoke test
@@ -43,8 +46,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -67,6 +73,11 @@ from looprl.types import SamplingParams  # noqa: E402
 
 SIDES = ("torch", "vllm", "hf-cb")
 LENGTH_ENV = ROOT / "tests" / "envs" / "length_env.py"
+# vLLM 0.32.0 on CPU: a seeded request (training seeds every request) whose prefill is split
+# into chunks kills the engine ("CPU Generator does not use offset": the discarded sample's
+# generator is rewound with a CUDA-only call). Prefill chunks as soon as the prompts in flight
+# exceed max_num_batched_tokens (2048 on CPU), e.g. 64 prompts of 64 tokens; so no chunking.
+VLLM_ARGS = ("--no-enable-chunked-prefill",)
 
 
 @dataclass
@@ -211,15 +222,11 @@ class HFContinuousBatching:
 def hf_cb_missing() -> str:
     """Why transformers' continuous batching cannot run here ('' when it can)."""
     import transformers
+    from transformers.generation.utils import GenerationMixin
 
-    try:
-        from transformers.generation import ContinuousBatchingConfig  # noqa: F401
-        from transformers.generation.utils import GenerationMixin
-    except ImportError:
-        return f"not in transformers {transformers.__version__}"
-    if not hasattr(GenerationMixin, "continuous_batching_context_manager"):
-        return f"not in transformers {transformers.__version__}"
-    return ""
+    if hasattr(GenerationMixin, "continuous_batching_context_manager"):
+        return ""
+    return f"not in transformers {transformers.__version__}"
 
 
 async def bench_level(
@@ -302,13 +309,14 @@ def e2e_times(tmp: Path, base_url: str, steps: int) -> dict[str, dict[str, float
     out = {}
     for kind in ("torch", "vllm"):
         cfg = {
-            "model.name": "tiny", "env.name": str(LENGTH_ENV), "env.kwargs": {"max_tokens_per_turn": 32},
+            "model.name": "tiny", "env.name": str(LENGTH_ENV), "env.kwargs": {"max_tokens_per_turn": 16},
             "rollout.tasks_per_step": 4, "rollout.rollouts_per_task": 4, "trainer.steps": steps,
             "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": steps,
             "run.output_dir": str(tmp / "e2e"), "run.name": kind, "run.tensorboard": False,
             "engine.kind": kind, "engine.base_urls": [base_url] if kind == "vllm" else [],
         }  # fmt: skip
-        Trainer(load_config(None, cfg)).run()
+        with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its config
+            Trainer(load_config(None, cfg)).run()
         lines = (tmp / "e2e" / kind / "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(x) for x in lines]
         keys = ("time/generate", "time/train", "time/sync")
@@ -327,16 +335,16 @@ async def bench_subject(subject: Subject, args: argparse.Namespace, tmp: Path) -
     torch_engine = TorchEngine(
         subject.model, subject.tokenizer, max_batch_size=top, device="cpu", prefix_cache_mb=0
     )
-    log = tmp / f"vllm-{subject.name}.log"
     t0 = time.perf_counter()
-    with VLLMServer(
-        subject.model_dir, max_model_len=args.prompt_len + args.max_tokens + 16, log_path=log
-    ) as server:
+    max_len = args.prompt_len + args.max_tokens + 16
+    with VLLMServer(subject.model_dir, max_model_len=max_len, extra_args=args.vllm_args) as server:
         startup = time.perf_counter() - t0
         assert server.process is not None
         idle = await idle_cpu_share(server.process.pid)
         print(
-            f"  vLLM server up in {startup:.1f} s; idle, it uses {idle:.0%} of a core", flush=True
+            f"  vLLM up in {startup:.1f} s (flags {args.vllm_args}), idle at {idle:.0%} of a "
+            f"core; log {server.log_path}",
+            flush=True,
         )
         client = OpenAIEngine(
             server.base_url, SERVED_NAME, token_level=True, tokenizer=subject.tokenizer,
@@ -353,6 +361,9 @@ async def bench_subject(subject: Subject, args: argparse.Namespace, tmp: Path) -
             e2e = {}
             if args.e2e_steps and subject.name == "tiny":
                 e2e = await asyncio.to_thread(e2e_times, tmp, server.base_url, args.e2e_steps)
+        except RuntimeError:
+            print(f"the end of the vLLM server's log:\n{server.log_tail(60)}", file=sys.stderr)
+            raise
         finally:
             await client.close()
             await torch_engine.close()
@@ -440,7 +451,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--sync-runs", type=int, default=3)
-    p.add_argument("--e2e-steps", type=int, default=2, help="GRPO steps per engine (tiny; 0: skip)")
+    p.add_argument("--e2e-steps", type=int, default=3, help="GRPO steps per engine (tiny; 0: skip)")
+    p.add_argument(
+        "--vllm-args",
+        type=shlex.split,
+        default=list(VLLM_ARGS),
+        help=f"extra vLLM server flags (default {' '.join(VLLM_ARGS)!r}; '' runs vLLM as shipped)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
