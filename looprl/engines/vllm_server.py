@@ -10,7 +10,10 @@ prefix cache, whose keys and values belong to the old weights.
 
 Options chosen for a CPU: `--enforce-eager` (no compile warm-up: start-up 25 s instead of about
 100 s for the tiny model), float32, `--logprobs-mode processed_logprobs` (logprobs after
-temperature, as the trainer computes them), and a KV cache of `kv_cache_gb` GiB.
+temperature, as the trainer computes them), a KV cache of `kv_cache_gb` GiB, and
+`--no-enable-chunked-prefill`: in vLLM 0.32.0 on CPU a *seeded* request whose prefill is split
+into chunks (once the prompts in flight pass 2048 tokens) kills the engine core with
+"CPU Generator does not use offset", and every training request is seeded.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
             "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
             "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-            "--gpu-memory-utilization", "0.1", *self.extra_args,
+            "--gpu-memory-utilization", "0.1", "--no-enable-chunked-prefill", *self.extra_args,
         ]  # fmt: skip
 
     def start(self) -> str:
