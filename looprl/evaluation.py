@@ -14,6 +14,7 @@ from typing import Any
 from looprl import safe_json
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
+from looprl.files import write_text_atomically
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.types import EpisodeResult, Summary, Task
@@ -160,12 +161,7 @@ def set_aside(results_path: Path, kept: list[EpisodeResult], dropped: list[Episo
     """
     if dropped:
         ResultsWriter(results_path.with_name("retried.jsonl")).write_group(dropped)
-    tmp = results_path.with_name(f".{results_path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write("".join(ep.to_json() + "\n" for ep in kept))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(results_path)
+    write_text_atomically(results_path, "".join(ep.to_json() + "\n" for ep in kept))
 
 
 def error_headline(summary: Summary, *, fail_fraction: float = 0.5) -> tuple[str, bool]:
@@ -176,7 +172,7 @@ def error_headline(summary: Summary, *, fail_fraction: float = 0.5) -> tuple[str
     survivors, not the model, and the headline says so.
     """
     total, errored = summary["episodes"], summary["rollout_errors"]
-    infra = summary.get("infra_errors", 0)
+    infra = summary["infra_errors"]
     if not errored:
         return "", False
     failed = total > 0 and errored >= fail_fraction * total
@@ -243,7 +239,5 @@ async def evaluate(
 
 
 def write_metadata(path: Path, metadata: dict[str, Any]) -> None:
-    """Write metadata JSON atomically (temp file + rename)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(safe_json.dumps(metadata, indent=2), encoding="utf-8")
-    tmp.replace(path)
+    """Write metadata JSON atomically (temp file, fsync, rename)."""
+    write_text_atomically(path, safe_json.dumps(metadata, indent=2))

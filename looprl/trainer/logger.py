@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from looprl.files import write_text_atomically
 from looprl.types import EpisodeResult
 
 METRICS_FILE = "metrics.jsonl"
@@ -170,7 +170,7 @@ def save_rollouts(
     out.parent.mkdir(parents=True, exist_ok=True)
     chosen = episodes if limit is None else episodes[:limit]
     text = "".join(ep.to_json() + "\n" for ep in chosen)
-    _write_atomically(out, text)
+    write_text_atomically(out, text)
     return out
 
 
@@ -209,7 +209,7 @@ def _truncate_metrics(path: Path, resume_step: int) -> float:
         for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
         if (row := _parse_row(line)) is not None and row["step"] <= resume_step
     ]
-    _write_atomically(path, "".join(kept))
+    write_text_atomically(path, "".join(kept))
     last = _parse_row(kept[-1]) if kept else None
     wall = last.get("wall_time") if last else None
     return float(wall) if isinstance(wall, int | float) else 0.0
@@ -221,19 +221,6 @@ def _drop_rollouts_after(run_dir: Path, resume_step: int) -> None:
         m = _ROLLOUT_FILE.match(p.name)
         if m and int(m.group(1)) > resume_step:
             p.unlink()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _to_float(key: str, value: Any) -> float:
