@@ -229,3 +229,14 @@ def test_server_tool_calls_get_the_strict_json_rules() -> None:
         assert c.arguments == {} and c.raw == args  # not passed on to the tool; kept verbatim
     ok = _parse_tool_call({"function": {"name": "calculate", "arguments": '{"x": "1"}'}}, 0)
     assert ok.arguments == {"x": "1"}
+
+
+def test_a_burst_of_sync_calls_gets_a_thread_each() -> None:
+    """Four 0.3 s calls submitted at once run side by side, even when one worker sat idle."""
+    pool = ToolThreads(8)
+    pool.submit(lambda: None).result()  # one idle worker
+    time.sleep(0.05)
+    gate = threading.Barrier(4, timeout=5)  # passes only if all four run at the same time
+    futures = [pool.submit(gate.wait) for _ in range(4)]
+    assert sorted(f.result(timeout=10) for f in futures) == [0, 1, 2, 3]
+    pool.close()

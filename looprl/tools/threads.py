@@ -70,10 +70,11 @@ class ToolThreads:
                     "it in a sandbox process"
                 )
             self._queue.append(_Job(fn, future, on_start))
-            if self._idle:
-                self._wake.notify()
-            elif self._live < self.max_threads:
+            # an idle worker counts as idle until it wakes: a burst of calls needs more workers
+            # than the idle ones, not one notify per call to the same sleeping worker
+            if len(self._queue) > self._idle and self._live < self.max_threads:
                 self._start_worker()
+            self._wake.notify()
         return future
 
     def abandon(self, future: Future[Any]) -> None:
