@@ -98,7 +98,8 @@ async def _episode_loop(
     while True:
         budget = min(limits.max_tokens_per_turn, transcript.room())
         if budget <= 0:  # only a token-exact context can fill up
-            no_room = _no_room(limits.max_context_tokens - budget, limits) if turn == 0 else None
+            prompt = limits.max_context_tokens - transcript.room()
+            no_room = _no_room(prompt, limits) if turn == 0 else None
             return _stop(result, "max_context", error=no_room)
         sampling = _turn_sampling(config, result, turn, budget)
         t0 = time.perf_counter()
@@ -108,9 +109,8 @@ async def _episode_loop(
             return _stop(result, "error", infra=f"engine: {gen.error}")
         text = transcript.add_sampled(gen, turn)
         parsed = env.parser.parse(text)
-        parsed.calls = (
-            parsed.calls + gen.tool_calls
-        )  # message-level engines return structured calls
+        # message-level engines return structured calls besides the text
+        parsed.calls = parsed.calls + gen.tool_calls
         result.messages.append(
             Message(role="assistant", content=parsed.content, tool_calls=parsed.calls, raw=text)
         )

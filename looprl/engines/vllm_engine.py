@@ -113,12 +113,13 @@ class VLLMEngine:
         """Sample on the request's server; fail over to the next live one if it is down."""
         first = self._pick(request)
         gen = await self.clients[first].generate(request)
-        if gen.finish_reason != "error" or not self.servers:
+        # only servers looprl runs can be known dead; a live server's error is the request's own
+        if gen.finish_reason != "error" or not self.servers or self.servers[first].alive():
             return gen
-        for k in range(1, len(self.clients)):  # only servers we run can be known dead
+        for k in range(1, len(self.clients)):
             i = (first + k) % len(self.clients)
-            if self.servers[first].alive() or not self.servers[i].alive():
-                break
+            if not self.servers[i].alive():
+                continue
             self.stats["failovers"] += 1
             if self.stats["failovers"] == 1:
                 console.print(
@@ -153,12 +154,8 @@ class VLLMEngine:
         save_file(tensors, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        if self.servers:
-            for server in self.servers:
-                server.reload_weights(final)
-        else:  # servers the user started: reached by URL, on this machine or a shared disk
-            for client in self.clients:
-                reload_weights(client.base_url, final)
+        for client in self.clients:  # servers given by URL must see the folder (same disk)
+            reload_weights(client.base_url, final)
         old, self._current = self._current, final
         if old is not None and old != final:
             shutil.rmtree(old, ignore_errors=True)
