@@ -36,7 +36,8 @@ then the server's `reload_weights` and prefix-cache reset) and `TorchEngine.sync
 copied state dict (training with the default torch engine shares tensors and syncs nothing).
 
 End to end (`--e2e-steps N`, tiny only): N GRPO steps (4x4, length test env, 16 tokens) with
-`engine.kind` torch and vllm (this server, by URL): median `time/generate`, `/train`, `/sync`.
+`engine.kind` torch and vllm (this server, by URL), by `benchmarks/engines_e2e.py`, which also
+runs alone for SmolLM2-135M on the calculator.
 
     .venv/bin/python benchmarks/engines.py                         # tiny + SmolLM2-135M shape
     .venv/bin/python benchmarks/engines.py --quick --models tiny   # smoke test
@@ -46,9 +47,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import io
-import json
 import os
 import shlex
 import shutil
@@ -67,12 +65,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script: make `benchmarks` importable
 
 from benchmarks.engine import smollm2_shaped  # noqa: E402
+from benchmarks.engines_e2e import e2e_times, print_e2e  # noqa: E402
 from benchmarks.roofline import matmul_gflops, model_flops_per_token, roofline_line  # noqa: E402
 from looprl.engines.base import GenerationRequest  # noqa: E402
 from looprl.types import SamplingParams  # noqa: E402
 
 SIDES = ("torch", "vllm", "hf-cb")
-LENGTH_ENV = ROOT / "tests" / "envs" / "length_env.py"
 # vLLM 0.32.0 on CPU: a seeded request (training seeds every request) whose prefill is split
 # into chunks kills the engine ("CPU Generator does not use offset": the discarded sample's
 # generator is rewound with a CUDA-only call). Prefill chunks as soon as the prompts in flight
@@ -301,29 +299,6 @@ async def sync_seconds(
     return out
 
 
-def e2e_times(tmp: Path, base_url: str, steps: int) -> dict[str, dict[str, float]]:
-    """Median time/generate, time/train, time/sync of `steps` GRPO steps per engine kind."""
-    from looprl.trainer.config import load_config
-    from looprl.trainer.trainer import Trainer
-
-    out = {}
-    for kind in ("torch", "vllm"):
-        cfg = {
-            "model.name": "tiny", "env.name": str(LENGTH_ENV), "env.kwargs": {"max_tokens_per_turn": 16},
-            "rollout.tasks_per_step": 4, "rollout.rollouts_per_task": 4, "trainer.steps": steps,
-            "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": steps,
-            "run.output_dir": str(tmp / "e2e"), "run.name": kind, "run.tensorboard": False,
-            "engine.kind": kind, "engine.base_urls": [base_url] if kind == "vllm" else [],
-        }  # fmt: skip
-        with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its config
-            Trainer(load_config(None, cfg)).run()
-        lines = (tmp / "e2e" / kind / "metrics.jsonl").read_text().splitlines()
-        rows = [json.loads(x) for x in lines]
-        keys = ("time/generate", "time/train", "time/sync")
-        out[kind] = {k: statistics.median(r[k] for r in rows) for k in keys}
-    return out
-
-
 async def bench_subject(subject: Subject, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Throughput at every concurrency, weight sync and (tiny) end to end, with one vLLM server."""
     from looprl.engines.openai_engine import OpenAIEngine
@@ -360,7 +335,12 @@ async def bench_subject(subject: Subject, args: argparse.Namespace, tmp: Path) -
             sync = await sync_seconds(subject, engines, server.base_url, args.sync_runs)
             e2e = {}
             if args.e2e_steps and subject.name == "tiny":
-                e2e = await asyncio.to_thread(e2e_times, tmp, server.base_url, args.e2e_steps)
+                e2e_args = argparse.Namespace(
+                    steps=args.e2e_steps, tasks=4, rollouts=4, max_tokens=16
+                )
+                e2e = await asyncio.to_thread(
+                    e2e_times, tmp / "e2e", server.base_url, e2e_args, "tiny", "length"
+                )
         except RuntimeError:
             print(f"the end of the vLLM server's log:\n{server.log_tail(60)}", file=sys.stderr)
             raise
@@ -423,15 +403,7 @@ def print_tables(results: dict[str, dict[str, Any]], flops: dict[str, float], ro
         print(_row(name, *times, f"{res['startup']:.1f} s", f"{res['idle']:.0%} of a core"))
     for name, res in results.items():
         if res["e2e"]:
-            print(f"\n### End to end, {name}: median seconds per GRPO step\n")
-            print(_row("engine", "time/generate", "time/train", "time/sync"))
-            print(_row(*["---"] * 4))
-            for kind, t in res["e2e"].items():
-                print(
-                    _row(
-                        kind, *(f"{t[k]:.3f}" for k in ("time/generate", "time/train", "time/sync"))
-                    )
-                )
+            print_e2e(f"{name}, length env (4x4, 16 tokens)", res["e2e"])
     print()
     for name, res in results.items():
         for cell in res["cells"]:
