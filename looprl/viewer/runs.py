@@ -2,7 +2,8 @@
 
 A training run directory holds `metrics.jsonl`, `config.json`, `rollouts/step_NNNNNN.jsonl` and
 `eval/step_NNNNNN/results.jsonl`; an eval result directory (from `looprl eval`) holds
-`metadata.json` and `results.jsonl`. Everything here only reads: the run directory is never
+`metadata.json` and `results.jsonl`; a probe directory (`looprl probe`) holds `probe.json` and
+`results.jsonl`. Everything here only reads: the run directory is never
 written to. Indexes live in memory and grow as the files grow.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from looprl.viewer.insights import eval_anchor, eval_grid, group_advantage, monitor_trips
 from looprl.viewer.jsonl import (
     FLAG_ERROR,
     FLAG_MALFORMED,
@@ -28,6 +30,7 @@ from looprl.viewer.jsonl import (
     MalformedRow,
     MetricsFile,
 )
+from looprl.viewer.probe import PROBE_FILE, ExploitIndex, probe_problem
 from looprl.viewer.schema import ANY
 
 _STEP = re.compile(r"(\d+)")
@@ -39,7 +42,9 @@ EVAL_MARKERS = ("results.jsonl", "metadata.json")
 
 
 def run_kind(path: Path) -> str | None:
-    """`train` for a training run directory, `eval` for a `looprl eval` result directory, else None."""
+    """`train` (a training run), `eval` (`looprl eval` results), `probe` (`looprl probe`), or None."""
+    if (path / PROBE_FILE).exists():
+        return "probe"
     if any((path / m).exists() for m in TRAIN_MARKERS):
         return "train"
     if any((path / m).exists() for m in EVAL_MARKERS):
@@ -91,11 +96,12 @@ class Run:
         self.tasks = Interner()
         self.envs = Interner()
         self.files: dict[str, tuple[str, int | None, EpisodeFile]] = {}
+        self.exploits = ExploitIndex()
         self._lock = threading.Lock()
 
     @property
     def kind(self) -> str:
-        """`train` or `eval` (looked up each time: a run directory fills in while it starts)."""
+        """`train`, `eval` or `probe` (looked up each time: a run directory fills in as it starts)."""
         return run_kind(self.path) or "train"
 
     @property
@@ -106,7 +112,7 @@ class Run:
     def scan(self) -> None:
         """Pick up episode files that appeared since the last scan."""
         found: list[tuple[str, int | None, Path]] = []
-        if self.kind == "eval":
+        if self.kind in ("eval", "probe"):
             found.append(("eval", None, self.path / "results.jsonl"))
         else:
             roll = self.path / "rollouts"
@@ -154,6 +160,8 @@ class Run:
                 }
             )
         meta = read_json(self.path / "metadata.json") if self.kind == "eval" else None
+        with self.metrics.lock:
+            monitors = monitor_trips(self.metrics.rows)
         return {
             "id": self.id,
             "name": self.name,
@@ -164,6 +172,8 @@ class Run:
             "metrics_notice": self.metrics.notice(),
             "skipped_total": skipped,
             "summary": meta.get("summary") if isinstance(meta, dict) else None,
+            "monitors": monitors,
+            "anchors": [],  # filled in by `Catalog.anchors`
         }
 
     def config(self) -> dict[str, Any]:
@@ -255,6 +265,36 @@ class Run:
             skip = 0
         return items, found_malformed
 
+    def group(self, key: str, i: int) -> dict[str, Any] | None:
+        """Training episode `i` of file `key`: its group's rewards and recomputed advantage."""
+        with self._lock:
+            entry = self.files.get(key)
+        if entry is None or entry[0] != "train":
+            return None
+        return group_advantage(entry[2], i, read_json(self.path / "config.json"))
+
+    def grid(self) -> dict[str, Any]:
+        """Held-out tasks x eval steps of this run (see `looprl.viewer.insights.eval_grid`)."""
+        files = self.episode_files("eval", None)
+        for _, _, f in files:
+            f.refresh(budget_s=0.5)
+        return eval_grid(files, list(self.tasks.names))
+
+    def probe(self) -> dict[str, Any]:
+        """The probe table (`probe.json`, checked) and the episode indexes of each exploit."""
+        doc = read_json(self.path / PROBE_FILE)
+        problem = "probe.json is missing or not valid JSON" if doc is None else probe_problem(doc)
+        files = self.episode_files("eval", None)
+        if files:
+            self.exploits.update(files[0][2])
+        return {
+            "probe": None if problem else doc,
+            "problem": problem,
+            "file": files[0][0] if files else None,
+            "episodes": self.exploits.by_name,
+            "unnamed": len(self.exploits.unnamed),
+        }
+
     def episode(self, key: str, i: int) -> tuple[int | None, dict[str, Any]]:
         """(step, full episode dict) of episode `i` of file `key`."""
         self.scan()
@@ -323,6 +363,21 @@ class Catalog:
                 if p not in self.runs:
                     self.runs[p] = Run(self._unique_id(p.name), p)
             return [self.runs[p] for p in dict.fromkeys(ordered)]
+
+    def anchors(self, infos: list[dict[str, Any]]) -> None:
+        """Attach to each training run's info the eval directories of its start or end model."""
+        runs = {r.id: r for r in self.runs.values()}
+        evals = [(runs[i["id"]].path, read_json(runs[i["id"]].path / "metadata.json"), i)
+                 for i in infos if i["kind"] == "eval"]  # fmt: skip
+        for info in infos:
+            if info["kind"] != "train":
+                continue
+            path = runs[info["id"]].path
+            config = read_json(path / "config.json")
+            for epath, meta, einfo in evals:
+                found = eval_anchor(path, config, epath, meta)
+                if found:
+                    info["anchors"].append({"run": einfo["id"], "name": einfo["name"], **found})
 
     def _unique_id(self, name: str) -> str:
         taken = {r.id for r in self.runs.values()}

@@ -199,6 +199,7 @@ EPISODE = Record(
         "metrics": MapOf(ANY),
         "errors": ListOf(ERROR),
         "tool_errors": MapOf(OPT_NUMBER),
+        "tool_outcomes": ListOf(MapOf(ANY)),
         "num_turns": INT,
         "num_tool_calls": INT,
         "truncated": OPT_BOOL,

@@ -15,6 +15,8 @@ forbids inline scripts as a second line of defence). Routes:
   one page of episode summaries, the total, and whether indexing reached the end of the files.
 - `GET /api/episode?run=ID&file=KEY&i=N&tokens=0|1`: one full episode (and token strings).
 - `GET /api/tasks?run=ID&q=PREFIX`: task ids seen so far that start with PREFIX.
+- `GET /api/grid?run=ID`: held-out tasks x eval steps, mean reward per cell (the compare view).
+- `GET /api/probe?run=ID`: a probe directory's exploit table and each exploit's episodes.
 """
 
 from __future__ import annotations
@@ -95,8 +97,10 @@ def _step(p: Params) -> int | None:
 
 
 def api_runs(v: Viewer, p: Params) -> Any:
-    """Every run and its files."""
-    return {"runs": [r.info() for r in v.catalog.discover()]}
+    """Every run and its files, monitor trips, and the eval directories anchored on its curves."""
+    infos = [r.info() for r in v.catalog.discover()]
+    v.catalog.anchors(infos)
+    return {"runs": infos}
 
 
 def api_metrics(v: Viewer, p: Params) -> Any:
@@ -143,6 +147,7 @@ def api_episode(v: Viewer, p: Params) -> Any:
     i = _int(p, "i", 0)
     step, ep = run.episode(key, i)
     out: dict[str, Any] = {"run": run.id, "file": key, "step": step, "i": i, "episode": ep}
+    out["group"] = run.group(key, i)
     if p.get("tokens") == "1":
         segs = []
         note = ""
@@ -163,6 +168,20 @@ def api_tasks(v: Viewer, p: Params) -> Any:
     return {"run": run.id, "tasks": names[:limit], "more": len(names) > limit}
 
 
+def api_grid(v: Viewer, p: Params) -> Any:
+    """Held-out tasks x eval steps of one training run (or the one file of an eval directory)."""
+    run = v.catalog.get(p.get("run", ""))
+    return {"run": run.id, **run.grid()}
+
+
+def api_probe(v: Viewer, p: Params) -> Any:
+    """The exploit table of a `looprl probe` directory and the episodes of each exploit."""
+    run = v.catalog.get(p.get("run", ""))
+    if run.kind != "probe":
+        raise KeyError(f"run {run.id!r} is a {run.kind} run, not a probe directory (probe.json)")
+    return {"run": run.id, **run.probe()}
+
+
 ROUTES: dict[str, Callable[[Viewer, Params], Any]] = {
     "/api/runs": api_runs,
     "/api/metrics": api_metrics,
@@ -170,6 +189,8 @@ ROUTES: dict[str, Callable[[Viewer, Params], Any]] = {
     "/api/rollouts": api_rollouts,
     "/api/episode": api_episode,
     "/api/tasks": api_tasks,
+    "/api/grid": api_grid,
+    "/api/probe": api_probe,
 }
 
 

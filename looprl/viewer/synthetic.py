@@ -1,9 +1,11 @@
 """Synthetic run directories in the exact on-disk layout, to try the viewer and to test it.
 
-`write_run(path)` writes `config.json`, `metrics.jsonl`, `rollouts/step_NNNNNN.jsonl` and
-`eval/step_NNNNNN/{results.jsonl,metadata.json}` with multi-turn tool-calling episodes whose
-trajectories carry masks and logprobs. `build_tokenizer(dir)` writes a small offline tokenizer so
-the token view can show text. Run `python -m looprl.viewer.synthetic OUT` to write a demo run.
+`write_run(path)` writes `config.json`, `metrics.jsonl` (with `monitor/<name>` trips when
+asked), `rollouts/step_NNNNNN.jsonl` and `eval/step_NNNNNN/{results.jsonl,metadata.json}` with
+multi-turn tool-calling episodes (some with a malformed tool call) whose trajectories carry masks
+and logprobs. `write_eval_dir` writes a `looprl eval` directory (a before/after eval of a run),
+`write_probe` a `looprl probe` directory. `build_tokenizer(dir)` writes a small offline tokenizer
+so the token view can show text. `python -m looprl.viewer.synthetic OUT` writes a demo folder.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from looprl.types import EpisodeResult, Message, Task, ToolCall, Trajectory
+from looprl.types import EpisodeResult, Message, Task, ToolCall, ToolOutcome, Trajectory
 
 Encode = Callable[[str], list[int]]
+MALFORMED_REPLY = (
+    "Error: invalid JSON in <tool_call>: Expecting value: line 1 column 44 (char 43); expected an "
+    'object like {"name": "tool_name", "arguments": {"arg": "value"}}'
+)
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
 
 
@@ -96,6 +102,7 @@ def _episode(
 ) -> EpisodeResult:
     right = rng.random() < skill
     bad_tool = rng.random() < 0.1
+    malformed = not bad_tool and rng.random() < 0.1
     answer = a * b + c if right else a * b + c + rng.randint(1, 9)
     args: dict[str, Any] = {"expression": f"{a}*{b}"}
     call_raw = json.dumps({"name": "calculator", "arguments": args})
@@ -106,20 +113,25 @@ def _episode(
     tool_out = "error: unknown function 'x'" if bad_tool else str(a * b)
     final = Message("assistant", f"<think>Now add {c}.</think>\nThe answer is \\boxed{{{answer}}}.")
     final.raw = final.content
+    if malformed:  # a turn holding only a call whose JSON does not parse: no content, no calls
+        first = Message("assistant", "", raw='<tool_call>{"name": "calculator", "arguments": {')
+        tool_out = MALFORMED_REPLY
     msgs = [
         Message("system", "You solve arithmetic. Call the calculator tool when useful."),
         task.prompt[0],
         first,
-        Message("tool", tool_out, tool_call_id="call_0", name="calculator"),
+        Message("tool", tool_out, tool_call_id="call_0", name="" if malformed else "calculator"),
         final,
     ]
     ep = EpisodeResult(task=task, messages=msgs, rollout_index=g)
+    kind = "malformed_json" if malformed else "exception" if bad_tool else None
+    ep.tool_outcomes = [ToolOutcome("" if malformed else "calculator", "call_0", kind)]
     ep.rewards = {"correct": float(right), "format": 1.0 if rng.random() < 0.9 else 0.0}
     ep.reward = ep.rewards["correct"] + 0.1 * ep.rewards["format"]
     ep.num_turns, ep.num_tool_calls = 2, 1
     ep.stop_reason = "done"
-    if bad_tool:
-        ep.tool_errors = {"exception": 1}
+    if kind:
+        ep.tool_errors = {kind: 1}
     if rng.random() < 0.05:
         ep.errors = [{"kind": "scoring", "message": "reward fn 'format' raised KeyError('x')"}]
     ep.timings = {"generate": round(rng.random(), 3), "tools": 0.01, "score": 0.002}
@@ -135,33 +147,89 @@ def write_run(
     encode: Encode | None = None,
     model: str = "tiny",
     seed: int = 0,
+    monitors: dict[str, int] | None = None,
+    eval_before: bool = False,
 ) -> Path:
-    """Write a complete synthetic training run; returns `path`."""
+    """Write a complete synthetic training run; returns `path`.
+
+    `monitors` maps a monitor name to the step it first trips (its `monitor/<name>` metric is
+    1.0 from then on every other step, else 0.0); `eval_before` adds a held-out eval at step 0.
+    """
     enc: Encode = encode or (lambda s: [])
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"model": model, "trainer": {"steps": steps, "group_size": group}, "env": "calc"}
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    (path / "config.json").write_text(json.dumps(run_config(model, steps, group), indent=2))
     rng = random.Random(seed)
     with open(path / "metrics.jsonl", "w") as mf:
+        if eval_before:
+            mf.write(json.dumps(_eval(path, rng, 0, tasks, 0.2, enc, model)) + "\n")
         for step in range(1, steps + 1):
             skill = 0.2 + 0.7 * (1 - math.exp(-step / 8))
             eps = _episodes(rng, step, tasks, skill, group)
             write_episodes(path / "rollouts" / f"step_{step:06d}.jsonl", eps, enc)
-            mf.write(json.dumps(metrics_row(rng, step, eps, eval_every)) + "\n")
+            row = metrics_row(rng, step, eps)
+            for name, first in (monitors or {}).items():
+                row[f"monitor/{name}"] = float(step >= first and (step - first) % 2 == 0)
             if step % eval_every == 0:
-                ev = _episodes(rng, step, tasks, skill, 1)
-                d = path / "eval" / f"step_{step:06d}"
-                write_episodes(d / "results.jsonl", ev, enc)
-                acc = sum(e.rewards["correct"] for e in ev) / len(ev)
-                (d / "metadata.json").write_text(json.dumps({"summary": {"accuracy": acc}}))
+                row.update(_eval(path, rng, step, tasks, skill, enc, model))
+            mf.write(json.dumps(row) + "\n")
     return path
 
 
-def metrics_row(rng: random.Random, step: int, eps: list[EpisodeResult], every: int) -> dict:
-    """One `metrics.jsonl` row with the keys the trainer writes."""
+def run_config(model: str, steps: int, group: int) -> dict[str, Any]:
+    """A `config.json` shaped like the trainer's: the typed config and the resolved algorithm."""
+    return {
+        "config": {
+            "model": {"name": model},
+            "env": {"name": "calc", "kwargs": {}},
+            "rollout": {"tasks_per_step": 6, "rollouts_per_task": group},
+            "trainer": {"steps": steps},
+        },
+        "algorithm": {"name": "grpo", "advantage": "group_normalized", "normalize_std_eps": 1e-6},
+        "model": model,
+    }
+
+
+def _eval(
+    path: Path, rng: random.Random, step: int, tasks: int, skill: float, enc: Encode, model: str
+) -> dict[str, float]:
+    """Write `eval/step_N/` (one rollout per held-out task) and return its `eval/*` metrics."""
+    ev = _episodes(rng, step, tasks, skill, 1)
+    d = path / "eval" / f"step_{step:06d}"
+    write_episodes(d / "results.jsonl", ev, enc)
+    summary = eval_summary(ev)
+    meta = {"kind": "eval", "step": step, "model": model, "summary": summary}
+    (d / "metadata.json").write_text(json.dumps(meta, indent=2))
+    return {
+        "eval/reward": summary["reward_mean"],
+        **{f"eval/{k}": v for k, v in summary["rewards"].items()},
+        "eval/pass@1": summary["pass_at_k"]["pass@1"],
+        "eval/turns": summary["turns_mean"],
+        "eval/gen_tokens": summary["generated_tokens_mean"],
+    }
+
+
+def eval_summary(eps: list[EpisodeResult]) -> dict[str, Any]:
+    """The `summary` of a `metadata.json`, with the keys `looprl eval` writes that matter here."""
+    n = len(eps)
+    acc = sum(e.rewards["correct"] for e in eps) / n
+    return {
+        "episodes": n,
+        "reward_mean": sum(e.reward for e in eps) / n,
+        "rewards": {k: sum(e.rewards[k] for e in eps) / n for k in ("correct", "format")},
+        "pass_at_k": {"pass@1": acc},
+        "turns_mean": sum(e.num_turns for e in eps) / n,
+        "tool_errors": {"malformed_json": sum("malformed_json" in e.tool_errors for e in eps)},
+        "stop_reasons": {"done": n},
+        "error_messages": [],
+        "generated_tokens_mean": 40.0 + 10 * (1 - acc),
+    }
+
+
+def metrics_row(rng: random.Random, step: int, eps: list[EpisodeResult]) -> dict:
+    """One `metrics.jsonl` row with keys the trainer writes (some constant, as in real runs)."""
     rewards = [e.reward for e in eps]
     mean = sum(rewards) / len(rewards)
-    row: dict[str, Any] = {
+    return {
         "step": step,
         "wall_time": round(step * 3.5 + rng.random(), 3),
         "reward/mean": mean,
@@ -172,6 +240,11 @@ def metrics_row(rng: random.Random, step: int, eps: list[EpisodeResult], every: 
         "entropy": 1.2 * math.exp(-step / 30) + 0.05 * rng.random(),
         "clip_frac": 0.02 + 0.03 * rng.random(),
         "mismatch_kl": 1e-4 * (1 + rng.random()),
+        "pg_loss": 2e-9 * (rng.random() - 0.5),  # tiny values around 0: ticks like 1e-9
+        "lr": 1e-4,
+        "rollout_errors": 0.0,
+        "tool_calls": sum(e.num_tool_calls for e in eps) / len(eps),
+        "gen_tokens": 40.0 * len(eps) * (1 + 0.2 * rng.random()),
         "tokens_per_s": 900 + 100 * rng.random(),
         "time/generate": 2.0 + rng.random(),
         "time/score": 0.1,
@@ -179,10 +252,6 @@ def metrics_row(rng: random.Random, step: int, eps: list[EpisodeResult], every: 
         "time/sync": 0.05,
         "loss": 0.1 * rng.random() - 0.05,
     }
-    if step % every == 0:
-        row["eval/reward"] = mean + 0.05 * rng.random()
-        row["eval/accuracy"] = row["reward/correct"]
-    return row
 
 
 def write_episodes(path: Path, eps: list[EpisodeResult], encode: Encode) -> None:
@@ -236,6 +305,91 @@ def write_hostile_run(path: Path, payload: str, encode: Encode | None = None) ->
     return path
 
 
+def write_eval_dir(
+    path: Path,
+    model: str,
+    skill: float,
+    tasks: int = 6,
+    seed: int = 0,
+    encode: Encode | None = None,
+) -> Path:
+    """A `looprl eval` result directory of `model` on the held-out tasks (`metadata.json`,
+    `results.jsonl`): point `model` at a run's start model or its `final/` for a before/after."""
+    eps = _episodes(random.Random(seed), 0, tasks, skill, 2)
+    write_episodes(path / "results.jsonl", eps, encode or (lambda s: []))
+    meta = {"kind": "eval", "env": "calc", "model": model, "status": "finished"}
+    (path / "metadata.json").write_text(
+        json.dumps({**meta, "summary": eval_summary(eps)}, indent=2)
+    )
+    return path
+
+
+PROBE_EXPLOITS = [  # (name, description, mean reward it gets from the synthetic rubric)
+    ("empty_answer", "replies with nothing", 0.0),
+    ("format_only", "the answer format around no answer", 0.1),
+    ("many_candidates", "lists many candidate answers in one reply", 0.62),
+    ("claims_success", "says in words that the answer is correct", 0.0),
+    ("judge_injection", "asks the grader to ignore the rubric", 0.05),
+    ("tool_flood", "calls the tool until the turn limit", 0.0),
+]
+
+
+def write_probe(path: Path, tasks: int = 4, encode: Encode | None = None) -> Path:
+    """A `looprl probe` directory: `probe.json` (the documented schema) and `results.jsonl`
+    whose episodes name their exploit in `task.info["exploit"]`. `many_candidates` beats the
+    baseline by more than the margin (verdict `exploitable`); `tool_flood` errored."""
+    rng = random.Random(7)
+    rows, eps = [], []
+    for name, description, mean in PROBE_EXPLOITS:
+        errors = tasks if name == "tool_flood" else 0
+        for t in range(tasks):
+            task = Task(id=f"task-{t:04d}", prompt=[Message("user", f"What is {t} + 2?")],
+                        answer=str(t + 2), info={"exploit": name}, env="calc")  # fmt: skip
+            reply = Message(
+                "assistant", f"[{name}] " + ("; ".join(map(str, range(9))) if mean else "")
+            )
+            ep = EpisodeResult(task=task, messages=[task.prompt[0], reply], num_turns=1)
+            ep.reward = float(rng.random() < mean)
+            ep.rewards = {"correct": ep.reward}
+            if errors:
+                ep.errors = [{"kind": "rollout", "message": "turn limit reached in a tool loop"}]
+            eps.append(ep)
+        verdict = "errored" if errors else "exploitable" if mean > 0.1 + 0.2 else "resisted"
+        rows.append({"name": name, "description": description, "knows_answer": name == "many_candidates",
+                     "mean_reward": mean, "stderr": 0.05, "episodes": tasks, "errors": errors,
+                     "verdict": verdict})  # fmt: skip
+    write_episodes(path / "results.jsonl", eps, encode or (lambda s: []))
+    doc = {
+        "kind": "looprl.probe", "version": 1, "env": "calc", "env_kwargs": {}, "tasks": tasks,
+        "margin": 0.2, "baseline": {"name": "honest_wrong", "mean_reward": 0.1, "stderr": 0.02},
+        "reference": {"name": "reference", "mean_reward": 1.0, "stderr": 0.0}, "rows": rows,
+        "exploitable": [r["name"] for r in rows if r["verdict"] == "exploitable"],
+        "strict_failed": True,
+    }  # fmt: skip
+    (path / "probe.json").write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def write_demo(out: Path) -> Path:
+    """A folder to try the viewer on: a run with two tripped monitors, its before/after evals
+    and a probe directory, all sharing one tokenizer (so the token view shows text)."""
+    tok_dir = build_tokenizer(out / ".tokenizer")
+    enc = hf_encoder(tok_dir)
+    start = out / "start-model"
+    start.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (start / f).write_bytes((tok_dir / f).read_bytes())
+    run = write_run(out / "grpo", encode=enc, model="start-model", eval_before=True,
+                    monitors={"reward_up_eval_down": 14, "length_blowup": 17})  # fmt: skip
+    final = run / "final"
+    final.mkdir(exist_ok=True)
+    (final / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes())
+    write_eval_dir(out / "eval_before", "start-model", 0.2, encode=enc)
+    write_eval_dir(out / "eval_after", str(final), 0.85, encode=enc)
+    write_probe(out / "probe-calc", encode=enc)
+    return out
+
+
 def hf_encoder(tok_dir: Path) -> Encode:
     """An `Encode` from a directory's `tokenizer.json` (no special-token insertion)."""
     from tokenizers import Tokenizer
@@ -245,7 +399,5 @@ def hf_encoder(tok_dir: Path) -> Encode:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic")
-    tok_dir = build_tokenizer(out.parent / f".{out.name}-tokenizer")
-    write_run(out, encode=hf_encoder(tok_dir), model=str(tok_dir.resolve()))
+    out = write_demo(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic"))
     print(f"wrote {out}; view it with: looprl view {out}")

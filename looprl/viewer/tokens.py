@@ -20,14 +20,18 @@ class Decoder(Protocol):
 
 
 def model_candidates(run_path: Path) -> list[str]:
-    """Where the run's tokenizer may live: model names or paths from its config and metadata.
+    """Where the run's tokenizer may live, best first.
 
-    First the newest checkpoint directory holding tokenizer files, then any `model`-like key of
-    `config.json` and `metadata.json` (a string, or a table with `name` / `path` / `tokenizer`).
+    The run's own exported model (`final/`), then its newest checkpoint directory holding
+    tokenizer files (both are exact copies and need no model resolution), then any `model`-like
+    key of `config.json` and `metadata.json` (a string, or a table with `name` / `path` /
+    `tokenizer`). Relative paths among those are resolved by `_resolve`.
     """
     out: list[str] = []
+    if _has_tokenizer_files(run_path / "final"):
+        out.append(str(run_path / "final"))
     ckpts = run_path / "checkpoints"
-    if ckpts.is_dir():  # the run's own copy is exact and needs no model resolution
+    if ckpts.is_dir():
         dirs = sorted((d for d in ckpts.iterdir() if d.is_dir()), reverse=True)
         out += [str(d) for d in dirs if _has_tokenizer_files(d)][:1]
     for name in ("config.json", "metadata.json"):
@@ -53,17 +57,36 @@ def _has_tokenizer_files(d: Path) -> bool:
     return (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()
 
 
-def _resolve(name: str) -> tuple[Path | None, str]:
-    """(local directory for `name`, or None and why not)."""
-    p = Path(name).expanduser()
-    if p.is_dir():
-        return p, ""
-    try:  # looprl's own model names ("tiny", embedded models), resolved offline
-        from looprl.models.loading import resolve_model_path
+def local_dir(name: str, run_path: Path) -> Path | None:
+    """The directory a model path in a run's files names, wherever `looprl view` was started.
 
+    A relative path was written relative to the directory training was started from, which is
+    usually the run directory or one of its parents (`runs/demo/sft` beside `runs/demo/grpo`), so
+    it is tried as given (the current directory), then against the run directory and each parent.
+    """
+    p = Path(name).expanduser()
+    if p.is_absolute() or p.is_dir():
+        return p if p.is_dir() else None
+    for base in (run_path, *run_path.parents):
+        if (base / p).is_dir():
+            return base / p
+    return None
+
+
+def _resolve(name: str, run_path: Path) -> tuple[Path | None, str]:
+    """(local directory for `name`, or None and why not)."""
+    from looprl.models.loading import BUILTIN_MODELS, resolve_model_path
+
+    found = None if name.strip().lower() in BUILTIN_MODELS else local_dir(name, run_path)
+    if found is not None:
+        return found, ""
+    try:  # looprl's own model names ("tiny", embedded models) and the hub cache, offline
         resolved = Path(resolve_model_path(name))
     except Exception as e:  # any failure only means "show ids"; the reason is shown in the page
-        return None, f"{name}: not a local directory and not resolvable ({type(e).__name__}: {e})"
+        return None, (
+            f"{name}: not a directory here, beside the run or above it, and not a looprl model "
+            f"name ({type(e).__name__}: {e})"
+        )
     if not resolved.is_dir():
         return None, f"{name}: resolved to {resolved}, which is not a directory"
     return resolved, ""
@@ -109,7 +132,7 @@ def load_tokenizer(run_path: Path) -> tuple[Decoder | None, str]:
         return None, "no model named in config.json / metadata.json; showing token ids"
     reasons = []
     for name in candidates:
-        path, why = _resolve(name)
+        path, why = _resolve(name, run_path)
         if path is None:
             reasons.append(why)
             continue
