@@ -735,7 +735,8 @@ def test_trainer_resume_warns_or_exits_with_a_message(
     net, _, opt, sched, _ = make_training(0)
     trainer: Any = SimpleNamespace(
         run_dir=tmp_path, model=net, engine_model=net, optimizer=opt, scheduler=sched,
-        value_head=None, step=0, cursor=0, _sync=lambda version: {},
+        value_head=None, step=0, cursor=0, _sync=lambda version: {}, dist=None,
+        _modules=lambda: {"policy": net, "value_head": None},
     )  # fmt: skip
     Trainer._restore(trainer)
     assert (trainer.step, trainer.cursor) == (1, 10)

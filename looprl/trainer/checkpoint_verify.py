@@ -33,6 +33,7 @@ from looprl.trainer.checkpoint_files import (
     VALUE_HEAD_FILE,
 )
 
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint
 MANIFEST_FORMAT = 2  # 1 (no "format" key): the manifest held no file list and no hashes
 # sha256 over blake2b: 1.9 GB/s against 1.3 GB/s here (x86 with SHA-NI). Hashing is one read
 # of each file just written (from the page cache): the `tiny` model's 30 MB checkpoint with
@@ -58,6 +59,19 @@ class CheckpointDamaged(Exception):
         )
         self.path = path
         self.reason = reason
+
+
+class WorldSizeMismatch(ValueError):
+    """A checkpoint written by another number of processes than the run resuming it."""
+
+    def __init__(self, path: Path, saved: int, world: int) -> None:
+        again = f"looprl train --nproc {saved} --resume" if saved > 1 else "looprl train --resume"
+        kind = f"{saved} processes (sharded)" if saved > 1 else "one process"
+        super().__init__(
+            f"cannot resume: checkpoint {path.name} was written by {kind} and this run has "
+            f"{world}; resume with the same number ({again}), or start a new run without --resume"
+        )
+        self.path, self.saved, self.world = path, saved, world
 
 
 class NoIntactCheckpoint(RuntimeError):
@@ -98,6 +112,8 @@ class Found:
 def read_checkpoint(path: Path, need: tuple[str, ...] | list[str], warn: Warn) -> Found:
     """Check the manifest and every file's size and hash, then parse what a load will use."""
     manifest = _read_manifest(path)
+    if manifest["weights"] == "sharded":
+        raise WorldSizeMismatch(path, manifest["world"], 1)
     files: dict[str, Any] | None = manifest.get("files")
     if files is None:
         warn(
@@ -116,6 +132,39 @@ def read_checkpoint(path: Path, need: tuple[str, ...] | list[str], warn: Warn) -
         _check_safetensors(path, name)
     state = _read_state(path)
     return Found(weights, has_head, state, {name: _read_torch(path, name) for name in need})
+
+
+def read_sharded(path: Path, world: int) -> dict[str, Any]:
+    """Verify a sharded checkpoint written by `world` processes; return its `state.json`.
+
+    Raises `WorldSizeMismatch` when it was written by another number of processes (or by one)
+    and `CheckpointDamaged` when its manifest, a file's size or a file's hash is wrong.
+    """
+    manifest = _read_manifest(path)
+    saved = manifest["world"] if manifest["weights"] == "sharded" else 1
+    if saved != world:
+        raise WorldSizeMismatch(path, saved, world)
+    if "files" not in manifest:
+        raise CheckpointDamaged(path, f"manifest {COMPLETE} has no file list")
+    for name, entry in manifest["files"].items():
+        problem = _file_problem(path / name, entry)
+        if problem:
+            raise CheckpointDamaged(path, problem)
+    return _read_state(path)
+
+
+def checkpoint_world(path: Path) -> int | None:
+    """How many processes wrote the checkpoint at `path` (None: its manifest is unreadable)."""
+    try:
+        manifest = _read_manifest(path)
+    except CheckpointDamaged:
+        return None
+    return int(manifest["world"]) if manifest["weights"] == "sharded" else 1
+
+
+def rng_file(rank: int) -> str:
+    """The file of a sharded checkpoint that holds rank `rank`'s RNG states."""
+    return f"rng_rank{rank}.pt"
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -150,8 +199,12 @@ def _manifest_problem(manifest: Any, dir_step: int | None) -> str | None:
         return f"has step={step!r}, expected an integer"
     if dir_step is not None and step != dir_step:
         return f"says step {step} but the directory is step {dir_step}"
-    if manifest.get("weights") not in ("full", "adapter"):
-        return f"has weights={manifest.get('weights')!r}, expected 'full' or 'adapter'"
+    weights = manifest.get("weights")
+    if weights not in ("full", "adapter", "sharded"):
+        return f"has weights={weights!r}, expected 'full', 'adapter' or 'sharded'"
+    world = manifest.get("world")
+    if weights == "sharded" and (type(world) is not int or world < 2):
+        return f"has world={world!r}, expected the number of processes (>= 2) of a sharded one"
     if "files" not in manifest and "format" not in manifest:
         return None  # format 1, from before hashes
     files = manifest.get("files")
@@ -163,8 +216,16 @@ def _manifest_problem(manifest: Any, dir_step: int | None) -> str | None:
         problem = _entry_problem(entry)
         if problem:
             return f"entry for {name}: {problem}"
-    weights = ADAPTER_FILE if manifest["weights"] == "adapter" else MODEL_FILE
-    missing = [n for n in (weights, *TORCH_FILES, STATE_FILE) if n not in files]
+    return _missing(files, weights, world)
+
+
+def _missing(files: dict[str, Any], weights: str, world: Any) -> str | None:
+    """Which files a manifest of this kind must list and does not, or None."""
+    if weights == "sharded":
+        need = [DCP_METADATA, "scheduler.pt", STATE_FILE, *(rng_file(r) for r in range(world))]
+    else:
+        need = [ADAPTER_FILE if weights == "adapter" else MODEL_FILE, *TORCH_FILES, STATE_FILE]
+    missing = [n for n in need if n not in files]
     return f"does not list {', '.join(missing)}" if missing else None
 
 

@@ -25,6 +25,7 @@ from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics
+from looprl.trainer.monitors import Monitors
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.types import EpisodeResult, SamplingParams, Task
 
@@ -55,9 +56,13 @@ class Trainer:
                 "start a new one under another name (--run.name NAME or --run-dir DIR)"
             )
         if D.torchrun_world_size() > 1:  # before any process group: a refusal costs nothing
-            refused = D.unsupported(cfg) + (["--resume (sharded checkpoints come later)"] * resume)
+            refused = D.unsupported(cfg)
             if refused:
                 raise ConfigError("not yet supported with several processes: " + "; ".join(refused))
+        if resume:  # under the number of processes that wrote the checkpoint, or one clear line
+            from looprl.trainer.checkpoint_sharded import check_resume_world
+
+            check_resume_world(self.run_dir, D.torchrun_world_size())
         self.resume = resume
         self.dist: D.Dist | None = None  # set by _setup under torchrun
         self.is_main = True  # rank 0 (or the only process): it alone logs and writes files
@@ -148,11 +153,9 @@ class Trainer:
                 tensorboard=self.cfg.run.tensorboard,
                 resume_step=self.step if self.resume else None,
             )
-        if self.dist is not None and self.is_main:
-            console.print(
-                f"[yellow]warning:[/yellow] {self.dist.world} processes: no checkpoints are "
-                "written yet (sharded checkpoints come later); the final model is exported"
-            )
+        self.monitors = Monitors.for_run(  # reward-hacking monitors; a resume replays their history
+            self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main, resume=self.resume
+        )
 
     def _config_record(self) -> dict[str, Any]:
         return {
@@ -164,17 +167,15 @@ class Trainer:
     def _restore(self) -> None:
         from rich.markup import escape
 
-        from looprl.trainer.checkpoint import NoIntactCheckpoint, resume_latest
+        from looprl.trainer.checkpoint import NoIntactCheckpoint
+        from looprl.trainer.checkpoint_sharded import resume_any
 
         try:  # the newest intact checkpoint; damaged newer ones are named and set aside
-            resumed = resume_latest(
-                self.run_dir,
-                model=self.model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                value_head=self.value_head,
+            resumed = resume_any(  # under torchrun: every rank its shards (sharded checkpoint)
+                self.dist, self.run_dir, modules=self._modules(),
+                optimizer=self.optimizer, scheduler=self.scheduler,
                 warn=lambda msg: console.print(f"[yellow]warning:[/yellow] {escape(msg)}"),
-            )
+            )  # fmt: skip
         except NoIntactCheckpoint as exc:
             raise SystemExit(f"error: {exc}") from None  # a message for the user, no traceback
         if resumed is None:
@@ -217,7 +218,9 @@ class Trainer:
         last: dict[str, float] = {}
         ahead = Ahead(self._collect_chained, self.step + 1)
         if cfg.eval_before and self.step == 0:
-            self.logger.log(0, await self._evaluate(0))  # the starting point of every eval curve
+            first = await self._evaluate(0)  # the starting point of every eval curve
+            self.monitors.observe(0, first)  # and of the held-out monitor
+            self.logger.log(0, first)
         while self.step < cfg.steps:
             step = self.step + 1
             ahead.start_through(min(step + cfg.max_async_steps, self._next_checkpoint(step)))
@@ -234,6 +237,7 @@ class Trainer:
             self.step = step
             if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
                 metrics.update(await self._evaluate(step))
+            metrics.update(self.monitors.observe(step, metrics, batch.groups))
             self.logger.log(step, metrics)
             self._save_rollouts(step, batch.groups)
             last = metrics
@@ -382,14 +386,24 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         from looprl.trainer.checkpoint import save_checkpoint
+        from looprl.trainer.checkpoint_sharded import save_sharded
 
-        if self.dist is not None:
-            return  # sharded checkpoints (torch.distributed.checkpoint) come in a later slice
+        if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
+            save_sharded(
+                self.dist, self.run_dir, self.step, modules=self._modules(), optimizer=self.optimizer,
+                scheduler=self.scheduler, extra_state={"step": self.step, "cursor": self.cursor},
+                keep_last=self.cfg.trainer.keep_last,
+            )  # fmt: skip
+            return
         save_checkpoint(
             self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
             extra_state={"step": self.step, "cursor": self.cursor}, value_head=self.value_head,
             keep_last=self.cfg.trainer.keep_last, adapter_only=self.cfg.model.lora,
         )  # fmt: skip
+
+    def _modules(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the optimizer: policy, reference model, value head."""
+        return {"policy": self.model, "reference": self.ref_model, "value_head": self.value_head}
 
     def _early_stop(self, metrics: dict[str, float]) -> bool:
         cfg = self.cfg.trainer
