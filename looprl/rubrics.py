@@ -79,6 +79,15 @@ class Rubric:
         """Names of all reward functions and metrics, in order."""
         return [s.name for s in self.specs]
 
+    def add(self, fn: Callable, weight: float = 1.0) -> None:
+        """Append a per-episode reward function (weight 0: a metric), e.g. an LLM judge."""
+        spec = RewardSpec(fn, weight)
+        if spec.name in self.names:
+            raise ValueError(f"the rubric already has a function named {spec.name!r}")
+        self.weights = [*(self.weights or [1.0] * len(self.funcs)), weight]
+        self.funcs.append(fn)
+        self.specs.append(spec)
+
     async def score_group(self, episodes: list[EpisodeResult]) -> None:
         """Score the episodes of one task in place: per-episode then group-level functions."""
         await asyncio.gather(*(self._score_one(ep) for ep in episodes))

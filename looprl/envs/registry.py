@@ -52,7 +52,16 @@ def _import_target(name: str) -> Any:
 
 
 def load_environment(name: str, **kwargs: Any) -> Environment:
-    """Build an environment: `load_environment(**kwargs)` of the named module or package."""
+    """Build an environment: `load_environment(**kwargs)` of the named module or package.
+
+    `judge` is taken here, not passed on: a table naming an LLM judge (`looprl.judge_config`)
+    that is added to the environment's rubric with its weight.
+    """
+    judge = kwargs.pop("judge", None)
+    if judge is not None:
+        from looprl.judge_config import judge_config
+
+        judge = judge_config(judge)  # a bad judge fails before the environment is built
     target = _import_target(name)
     factory = (
         target
@@ -71,4 +80,8 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
         raise TypeError(
             f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment"
         )
+    if judge is not None:
+        from looprl.judge_config import attach_judge
+
+        attach_judge(env, judge)
     return env
