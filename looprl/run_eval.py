@@ -11,10 +11,14 @@ and the printed table that `looprl eval` and the demo show.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from looprl.console import console
 from looprl.engines.base import Engine
@@ -30,7 +34,7 @@ from looprl.evaluation import (
 )
 from looprl.rendering.renderer import Renderer
 from looprl.rollout import RolloutConfig
-from looprl.types import EpisodeResult, SamplingParams, Task
+from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
 Status = Literal["finished", "finished_with_errors", "failed"]
 
@@ -114,32 +118,71 @@ def _write(job: EvalJob, metadata: dict[str, Any]) -> None:
         write_metadata(job.output / "metadata.json", metadata)
 
 
-@dataclass
-class EvalConfig:
-    """What `looprl eval` runs: its command-line flags, typed (see `looprl eval --help`)."""
+class EvalConfig(BaseModel):
+    """What `looprl eval` runs: its flags, typed and validated (see `looprl eval --help`).
 
-    env: str
-    output: Path
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    model: str = "tiny"
-    base_url: str | None = None
-    api_key: str | None = None
-    num_tasks: int = 50
-    rollouts: int = 4
-    split: str = "eval"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int | None = None
-    seed: int = 0
-    pass_threshold: float = 1.0
-    concurrency: int = 64
-    resume: bool = False
-    engine: EngineSection = field(default_factory=EngineSection)
+    Sampling settings are checked here, before any work: a temperature below 0, a top-p outside
+    (0, 1] or a max-tokens below 1 is refused with the flag's name.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field(description="environment name (calculator), module path, or .py file")
+    output: Path | None = Field(
+        None, description="results directory (default: runs/eval-ENV-MODEL-TIME)"
+    )
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="arguments to load_environment (--env.KEY VALUE)"
+    )
+    model: str = Field(
+        "tiny", description="tiny, smollm2-135m, a local HF directory, or a served model name"
+    )
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible server URL (then --model names the served model)"
+    )
+    api_key: str | None = Field(
+        None,
+        description="API key for --base-url; it lands in your shell history: prefer --api-key-var",
+    )
+    api_key_var: str | None = Field(
+        None, description="name of the environment variable holding the API key (OPENAI_API_KEY)"
+    )
+    policy: str | None = Field(
+        None,
+        description="MODULE:FN, a scripted policy instead of a model: FN(messages) returns the "
+        "next assistant text (e.g. looprl.teachers:calculator)",
+    )
+    save_sft: Path | None = Field(
+        None,
+        description="write the episodes that reach --pass-threshold as SFT traces (JSONL for "
+        "looprl sft --data)",
+    )
+    num_tasks: int = Field(50, ge=1, description="tasks to evaluate")
+    rollouts: int = Field(4, ge=1, description="rollouts per task (pass@k up to this k)")
+    split: Literal["eval", "train"] = Field("eval", description="which task split to draw from")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling, in (0, 1] (1 = off)")
+    top_k: int = Field(0, ge=0, description="top-k sampling (0 = off)")
+    max_tokens: int | None = Field(
+        None, ge=1, description="max new tokens per turn (default: the environment's)"
+    )
+    seed: int = Field(0, description="seed of the tasks and of sampling")
+    pass_threshold: float = Field(1.0, description="reward counted as solved for pass@k")
+    concurrency: int = Field(64, ge=1, description="task groups run at once")
+    resume: bool = Field(
+        False, description="continue an interrupted evaluation in --output (or the latest)"
+    )
+    engine: EngineSection = Field(default_factory=lambda: EngineSection())
+
+    def api_key_value(self) -> str | None:
+        """The API key: from the variable named by `api_key_var`, else `api_key`."""
+        if self.api_key_var:
+            return os.environ.get(self.api_key_var)
+        return self.api_key
 
 
 def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
-    """Load the environment (unless given) and the model or server named by `cfg`; the job."""
+    """Load the environment (unless given) and the model, server or policy named by `cfg`; the job."""
     from looprl.engines.factory import make_policy
     from looprl.envs.registry import load_environment
 
@@ -149,35 +192,90 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
         max_tokens=cfg.max_tokens or env.limits.max_tokens_per_turn, temperature=cfg.temperature,
         top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed,
     )  # fmt: skip
-    policy = make_policy(
-        cfg.model, base_url=cfg.base_url, api_key=cfg.api_key, seed=cfg.seed,
-        # every rollout of every group in flight may wait on the server at once
-        max_concurrency=cfg.concurrency * cfg.rollouts, engine=cfg.engine,
-        max_model_len=env.limits.max_context_tokens,
-    )  # fmt: skip
+    renderer = None
+    if cfg.policy:
+        engine: Engine = policy_engine(load_policy(cfg.policy))
+    else:
+        policy = make_policy(
+            cfg.model, base_url=cfg.base_url, api_key=cfg.api_key_value(), seed=cfg.seed,
+            # every rollout of every group in flight may wait on the server at once
+            max_concurrency=cfg.concurrency * cfg.rollouts, engine=cfg.engine,
+            max_model_len=env.limits.max_context_tokens,
+        )  # fmt: skip
+        engine = policy.engine
+        renderer = Renderer(policy.tokenizer) if policy.tokenizer is not None else None
     metadata = {
-        "kind": "eval", "env": cfg.env, "env_kwargs": cfg.env_kwargs, "model": cfg.model,
-        "base_url": cfg.base_url, "engine": cfg.engine.kind, "sampling": sampling.to_dict(),
-        "num_tasks": len(tasks),
+        "kind": "eval", "env": cfg.env, "env_kwargs": cfg.env_kwargs,
+        "model": cfg.policy or cfg.model, "base_url": cfg.base_url, "engine": cfg.engine.kind,
+        "sampling": sampling.to_dict(), "num_tasks": len(tasks),
         "rollouts_per_task": cfg.rollouts, "split": cfg.split, "seed": cfg.seed,
     }  # fmt: skip
     return EvalJob(
-        env=env, engine=policy.engine, tasks=tasks, rollouts_per_task=cfg.rollouts,
-        renderer=Renderer(policy.tokenizer) if policy.tokenizer is not None else None,
+        env=env, engine=engine, tasks=tasks, rollouts_per_task=cfg.rollouts, renderer=renderer,
         config=RolloutConfig(sampling=sampling, seed=cfg.seed), output=cfg.output,
         metadata=metadata, resume=cfg.resume, pass_threshold=cfg.pass_threshold,
         max_concurrent_groups=cfg.concurrency,
     )  # fmt: skip
 
 
+Policy = Callable[[list[Message]], str]
+"""A scripted policy: the conversation so far -> the next assistant text (see looprl.teachers)."""
+
+
+def load_policy(spec: str) -> Policy:
+    """Import `MODULE:FN` (a module path or a .py file before the colon); ValueError says why not."""
+    import importlib
+    import importlib.util
+
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--policy {spec!r} is not MODULE:FN; write it as my_module:my_policy")
+    try:
+        if module_name.endswith(".py"):
+            spec_ = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            if spec_ is None or spec_.loader is None or not Path(module_name).is_file():
+                raise ModuleNotFoundError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(spec_)
+            spec_.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"--policy {spec!r}: cannot import {module_name!r} ({exc}); give an importable module "
+            "or a .py file"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        names = sorted(
+            n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("_")
+        )
+        raise ValueError(
+            f"--policy {spec!r}: {module_name} has no function {attr!r}; it has {names[:12]}"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def policy_engine(policy: Policy) -> Engine:
+    """A message-level engine that answers each request with `policy(messages)`.
+
+    An exception of the policy becomes that episode's error, as a failed request would.
+    """
+    from looprl.engines.scripted import ScriptedEngine
+
+    return ScriptedEngine(lambda request: policy(request.messages))
+
+
 def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> EvalOutcome:
     """`looprl eval`'s run: a progress bar, then the summary table, the verdict and the paths."""
     from looprl.console import print_summary
 
+    if cfg.output is None:
+        raise ValueError("evaluate_and_report needs cfg.output, the results directory")
+    output = cfg.output
     job = eval_job(cfg, env)
     console.print(
-        f"[bold]looprl eval[/bold] {job.env.name} · model {cfg.model} · "
-        f"{len(job.tasks)} tasks x {cfg.rollouts} rollouts → {cfg.output}"
+        f"[bold]looprl eval[/bold] {job.env.name} · model {cfg.policy or cfg.model} · "
+        f"{len(job.tasks)} tasks x {cfg.rollouts} rollouts → {output}"
     )
     outcome = asyncio.run(_with_progress(job))
     if outcome.skipped_lines:
@@ -188,10 +286,42 @@ def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> Eval
     if outcome.headline:
         style = "bold red" if outcome.status == "failed" else "yellow"
         console.print(f"[{style}]{outcome.headline}[/]", highlight=False)
-    console.print(
-        f"results: {cfg.output / 'results.jsonl'}\nmetadata: {cfg.output / 'metadata.json'}"
-    )
+    if outcome.status == "failed":  # the reason in full: the summary's list cuts long messages
+        console.print(
+            f"first error: {first_error(outcome.episodes)}", highlight=False, soft_wrap=True
+        )
+    if cfg.save_sft is not None:
+        save_sft_traces(job.env, outcome.episodes, cfg.save_sft, cfg.pass_threshold)
+    console.print(f"results: {output / 'results.jsonl'}\nmetadata: {output / 'metadata.json'}")
     return outcome
+
+
+def first_error(episodes: list[EpisodeResult]) -> str:
+    """The first recorded error of `episodes`, whole (kind, where, message); empty when none."""
+    for ep in episodes:
+        for err in ep.errors:
+            where = f" in {err['function']}" if err.get("function") else ""
+            return f"{err.get('kind')}{where}: {err.get('message', '')}"
+    return ""
+
+
+def save_sft_traces(
+    env: Environment, episodes: list[EpisodeResult], path: Path, threshold: float
+) -> int:
+    """Write the episodes that reached `threshold` as `looprl sft` rows (atomically); how many."""
+    from looprl.files import write_text_atomically
+    from looprl.sft import traces_from_episodes
+
+    rows = traces_from_episodes(env, episodes, threshold)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+    style = "" if rows else "[yellow]"
+    console.print(
+        f"{style}SFT traces: {len(rows)} of {len(episodes)} episodes reached reward "
+        f">= {threshold} → {path}",
+        highlight=False,
+    )
+    return len(rows)
 
 
 async def _with_progress(job: EvalJob) -> EvalOutcome:

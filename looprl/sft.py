@@ -15,7 +15,7 @@ import torch
 
 from looprl.models.forward import target_rows
 from looprl.rendering.renderer import Renderer
-from looprl.types import Message
+from looprl.types import EpisodeResult, Message
 
 
 @dataclass
@@ -27,7 +27,16 @@ class SFTExample:
 
 
 def read_conversations(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file of `{"messages": [...], "tools": [...]}` rows (OpenAI message format)."""
+    """Read a JSONL file of `{"messages": [...], "tools": [...]}` rows (OpenAI message format).
+
+    Raises ValueError naming the file, the line and the fix for a missing file, a line that is
+    not JSON, or a row that is not a conversation.
+    """
+    if not path.is_file():
+        raise ValueError(
+            f"SFT data {path} does not exist; pass the JSONL file of conversations, e.g. one "
+            "written by looprl eval ENV --policy MODULE:FN --save-sft FILE"
+        )
     rows = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -39,10 +48,48 @@ def read_conversations(path: Path) -> list[dict[str, Any]]:
                 f"{path}:{i}: not valid JSON ({exc.msg}); each line must be one conversation"
             ) from None
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise ValueError(f'{path}:{i}: expected an object with a "messages" list')
+            raise ValueError(
+                f'{path}:{i}: not a conversation; each line must be an object with a "messages" list'
+            )
+        _check_messages(row["messages"], f"{path}:{i}")
         rows.append(row)
     if not rows:
-        raise ValueError(f"{path} holds no conversations")
+        raise ValueError(f"{path} holds no conversations; give a JSONL file with one per line")
+    return rows
+
+
+def _check_messages(messages: list[Any], where: str) -> None:
+    roles = ("system", "user", "assistant", "tool")
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in roles:
+            raise ValueError(
+                f"{where}: message {j} is not a message; each needs a role of {list(roles)}"
+            )
+        try:
+            Message.from_dict(m)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{where}: message {j} is malformed ({type(exc).__name__}: {exc}); write it in "
+                "the OpenAI message format"
+            ) from None
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError(f"{where}: no assistant message; a conversation needs one to learn from")
+
+
+def traces_from_episodes(
+    env: Any, episodes: Iterable[EpisodeResult], threshold: float
+) -> list[dict[str, Any]]:
+    """`looprl sft` rows (messages and the task's tools) of the episodes that reached `threshold`.
+
+    Episodes with errors are left out: a trace teaches what the model should write, so it must
+    have run cleanly and been scored.
+    """
+    rows = []
+    for ep in episodes:
+        if ep.errors or not ep.rewards or ep.reward < threshold - 1e-9:
+            continue
+        tools = env.for_task(ep.task).tool_schemas
+        rows.append({"messages": [m.to_template() for m in ep.messages], "tools": tools})
     return rows
 
 

@@ -72,27 +72,16 @@ def test_eval_resume_skips_finished_groups(tmp_path):
     assert len({(e.task.id, e.rollout_index) for e in eps}) == 8
 
 
-def test_eval_refuses_to_overwrite_and_rejects_bad_env(tmp_path):
+def test_eval_refuses_to_overwrite_and_rejects_bad_env(tmp_path, capsys):
     out = tmp_path / "ev"
     out.mkdir()
     (out / "results.jsonl").write_text("x\n")
-    with pytest.raises(SystemExit, match="--resume"):
-        main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])
-    with pytest.raises(ValueError, match="unknown environment"):
-        main(
-            [
-                "eval",
-                "nope_env",
-                "--model",
-                "tiny",
-                "-n",
-                "1",
-                "-r",
-                "1",
-                "--output",
-                str(tmp_path / "x"),
-            ]
-        )
+    args = ["--model", "tiny", "-n", "1", "-r", "1", "--output"]
+    assert main(["eval", "calculator", *args, str(out)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["eval", "nope_env", *args, str(tmp_path / "x")]) == 2
+    assert "unknown environment" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_eval_against_openai_compatible_server(tmp_path):

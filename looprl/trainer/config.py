@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from looprl.engines.config import EngineSection
+from looprl.trainer.monitors_config import MonitorsSection
 
 
 class _Section(BaseModel):
@@ -180,6 +182,7 @@ class TrainConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection())
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
+    monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")
@@ -246,6 +249,18 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
+    """` (did you mean trainer.steps?)` for an unknown field near a known one (`--` on the CLI)."""
+    if kind != "extra_forbidden":
+        return ""
+    known = list(TrainConfig.model_fields)
+    for section, info in TrainConfig.model_fields.items():
+        known += [f"{section}.{f}" for f in getattr(info.annotation, "model_fields", {})]
+    close = difflib.get_close_matches(loc, known, n=1, cutoff=0.6)
+    dash = "--" if loc in overrides else ""
+    return f" (did you mean {dash}{close[0]}?)" if close else ""
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a TOML file (or defaults when `path` is None), apply dotted overrides, validate.
 
@@ -268,5 +283,6 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         lines = []
         for err in exc.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            lines.append(f"{loc}: {err['msg']}{RENAMED.get(loc, '')}")
+            hint = RENAMED.get(loc, "") or _did_you_mean(loc, err["type"], overrides or {})
+            lines.append(f"{loc}: {err['msg']}{hint}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None

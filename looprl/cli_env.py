@@ -1,0 +1,79 @@
+"""`looprl env list` and `looprl init`: the environments there are, and a new one scaffolded."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from looprl.console import console
+
+
+def register(sub: Any) -> None:
+    """Add `looprl env` and `looprl init` to the command line."""
+    p = sub.add_parser("env", help="list the environments looprl can load by name")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="bundled and installed environments, one line each")
+    p.set_defaults(func=run_env_command, dotted=False)
+    _init_parser(sub)
+
+
+def describe(module: str) -> str:
+    """The first line of a module's docstring, read from its source without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return "(no description)"
+    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8")))
+    return doc.strip().splitlines()[0] if doc else "(no description)"
+
+
+def environment_lines() -> list[tuple[str, str]]:
+    """(name, one-line description) of every bundled environment, then installed ones."""
+    from looprl.envs.registry import BUILTIN, ENTRY_POINT_GROUP
+
+    rows = [(name, describe(module)) for name, module in sorted(BUILTIN.items())]
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name not in BUILTIN:
+            rows.append((ep.name, f"{describe(ep.module)} (installed: {ep.value})"))
+    return rows
+
+
+def run_env_command(args: argparse.Namespace, dotted: list[str]) -> int:
+    """`looprl env list`: one line per environment."""
+    rows = environment_lines()
+    width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        print(f"{name:<{width}}  {text}")
+    print("\nalso: a module path (my_pkg.my_env) or a .py file exposing load_environment(**kwargs)")
+    return 0
+
+
+def _init_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "init", help="scaffold an environment package (module, pyproject, README, test)"
+    )
+    p.add_argument("name", help="package name, e.g. my_env")
+    p.add_argument("--dest", default=".", help="parent directory (default: here)")
+    p.set_defaults(func=run_init_command, dotted=False)
+
+
+def run_init_command(args: argparse.Namespace, dotted: list[str]) -> int:
+    """`looprl init NAME`: write the package; a bad name or an existing one is a UsageError."""
+    from looprl.cli_fields import usage_error
+    from looprl.scaffold import scaffold
+
+    try:
+        path = scaffold(args.name, Path(args.dest))
+    except (ValueError, FileExistsError) as exc:
+        raise usage_error(str(exc), "choose another name or --dest") from None
+    module = next(iter(sorted(path.glob("*.py"))), path)
+    console.print(
+        f"created {path}\ntry: looprl eval {module} --model tiny -n 4 -r 2   (or pip install -e {path})"
+    )
+    return 0

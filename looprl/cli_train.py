@@ -1,0 +1,224 @@
+"""`looprl train`, `looprl sft` and `looprl config show`: the training commands and their fields.
+
+`train` reads `TrainConfig` (TOML plus `--section.field VALUE`); its `--help`, `config show` and
+`docs/config.md` list every field from the same pydantic models. `sft` reads `SFTConfig` from its
+flags. Both check the model name and the data before loading anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from looprl.cli_fields import (
+    UsageError,
+    add_model_flags,
+    config_from_args,
+    fields_markdown,
+    fields_text,
+    usage_error,
+)
+from looprl.console import console
+
+CONFIG_DOC_HEAD = """\
+# Training configuration reference
+
+Every field of `looprl train`'s configuration, generated from the pydantic models in
+`looprl/trainer/config.py` (and `looprl/engines/config.py` for `[engine]`). Set a field in the
+TOML file under its section (`[optim]` then `lr = 1e-5`) or on the command line
+(`--optim.lr 1e-5`); the command line wins. `looprl train --help` and `looprl config show
+[CONFIG]` print the same list; an unknown field is refused with the nearest name.
+Regenerate this file with `looprl config show --markdown > docs/config.md`.
+
+"""
+
+
+class SFTConfig(BaseModel):
+    """What `looprl sft` runs: its flags, typed and validated (see `looprl sft --help`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: Path = Field(
+        description='JSONL, one conversation per line: {"messages": [...], "tools": [...]} '
+        "(OpenAI message format; what looprl eval --save-sft writes)"
+    )
+    output: Path = Field(description="directory for the fine-tuned Hugging Face model")
+    model: str = Field("tiny", description="tiny, smollm2-135m or a local HF directory")
+    epochs: float = Field(1.0, gt=0, description="passes over the data (fractions allowed)")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate (cosine schedule)")
+    batch_size: int = Field(16, ge=1, description="conversations per optimizer step")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="bound memory: padded tokens per forward pass (e.g. 2048), gradients "
+        "accumulated and the vocabulary projection on trained tokens only; default: one "
+        "full-logits pass",
+    )
+    seed: int = Field(0, description="seed of shuffling and initialisation")
+
+
+def register(sub: Any) -> None:
+    """Add `looprl train`, `looprl sft` and `looprl config` to the command line."""
+    _train_parser(sub)
+    _sft_parser(sub)
+    _config_parser(sub)
+
+
+def _train_parser(sub: Any) -> None:
+    from looprl.trainer.config import TrainConfig
+
+    p = sub.add_parser(
+        "train",
+        help="RL-train a model from a TOML config (overrides: --section.field VALUE)",
+        description="RL-train a model. Every field below can be set in the TOML config "
+        "([section] then field = value) or on the command line (--section.field VALUE).",
+        epilog="config fields:\n" + fields_text(TrainConfig),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "config", nargs="?", default=None, help="TOML config file (defaults when omitted)"
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+    )
+    p.add_argument(
+        "--run-dir", default=None, help="run directory (default runs/NAME from the config)"
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="train with N processes (FSDP2): relaunches this command under torchrun",
+    )
+    p.set_defaults(func=run_train_command)
+
+
+def torchrun_command(argv: list[str], nproc: int) -> list[str]:
+    """`python -m torch.distributed.run --nproc-per-node N -m looprl.cli ARGV` (ARGV without --nproc)."""
+    rest, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--nproc":
+            i += 2
+            continue
+        if not argv[i].startswith("--nproc="):
+            rest.append(argv[i])
+        i += 1
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "-m", "looprl.cli", *rest]  # fmt: skip
+
+
+def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """`looprl train`: load and validate the config and the model name, then train."""
+    from looprl.cli_eval import check_model
+    from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
+    cfg = load_config(args.config, parse_cli_overrides(extra))  # a ConfigError is one line
+    check_model(cfg.model.name, "--model.name")
+    if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
+        import subprocess
+
+        return subprocess.call(torchrun_command(args.argv, args.nproc))
+    from looprl.trainer.trainer import Trainer
+
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if args.resume and run_dir is None:
+        if cfg.run.name is None:
+            raise ConfigError("--resume needs a run directory; pass --run-dir DIR or set run.name")
+        run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    trainer = Trainer(cfg, run_dir=run_dir, resume=args.resume)
+    trainer.run()
+    return 0
+
+
+def _sft_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "sft",
+        help="supervised warm-start from a JSONL of conversations",
+        description="Supervised fine-tuning on the assistant turns of conversations (JSONL); "
+        "write such a file with looprl eval ENV --policy MODULE:FN --save-sft FILE.",
+    )
+    add_model_flags(p, SFTConfig, short={"model": "-m"})
+    p.set_defaults(func=run_sft_command, dotted=False)
+
+
+def run_sft_command(args: argparse.Namespace, dotted: list[str]) -> int:
+    """`looprl sft`: check the flags, data and model name, encode, train, export."""
+    from looprl.cli_eval import check_model
+
+    values = {k: v for k, v in vars(args).items() if k in SFTConfig.model_fields}
+    cfg: SFTConfig = config_from_args(SFTConfig, values)
+    from looprl.sft import read_conversations
+
+    try:
+        rows = read_conversations(cfg.data)
+    except ValueError as exc:
+        raise usage_error(str(exc), "fix the line (see looprl sft --help)") from None
+    check_model(cfg.model, "--model")
+    _sft(cfg, rows)
+    return 0
+
+
+def _sft(cfg: SFTConfig, rows: list[dict[str, Any]]) -> None:
+    from looprl.models.loading import load_model
+    from looprl.rendering.renderer import Renderer
+    from looprl.sft import examples_from_rows, sft_train
+    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.setup import seed_everything
+
+    seed_everything(cfg.seed)
+    model, tokenizer = load_model(cfg.model)
+    examples = examples_from_rows(
+        lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token
+    )
+    trained = sum(sum(e.mask) for e in examples)
+    console.print(
+        f"[bold]looprl sft[/bold] {len(examples)} conversations · {trained} trained tokens"
+    )
+
+    def log(step: int, total: int, loss: float, seconds: float) -> None:
+        console.print(f"step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
+
+    sft_train(
+        model, examples, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed,
+        micro_batch_tokens=cfg.micro_batch_tokens, log=log,
+    )  # fmt: skip
+    export_hf(model, tokenizer, cfg.output)
+    console.print(f"saved {cfg.output}")
+
+
+def _config_parser(sub: Any) -> None:
+    p = sub.add_parser("config", help="show the training config's fields (and a file's values)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    show = actions.add_parser(
+        "show", help="list every field with its type, default and description"
+    )
+    show.add_argument("config", nargs="?", default=None, help="a TOML config: show its values too")
+    show.add_argument("--markdown", action="store_true", help="print docs/config.md instead")
+    p.set_defaults(func=run_config_command)
+
+
+def run_config_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """`looprl config show [CONFIG] [--section.field VALUE ...]`: the fields, with values if given."""
+    from looprl.trainer.config import TrainConfig, load_config, parse_cli_overrides
+
+    if args.markdown:
+        print(config_markdown(), end="")
+        return 0
+    values = None
+    if args.config is not None or extra:
+        values = load_config(args.config, parse_cli_overrides(extra))
+    print(fields_text(TrainConfig, values))
+    return 0
+
+
+def config_markdown() -> str:
+    """docs/config.md: the head above and one table per section of `TrainConfig`."""
+    from looprl.trainer.config import TrainConfig
+
+    return CONFIG_DOC_HEAD + fields_markdown(TrainConfig)
