@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import pytest
 from env_helpers import run_episode
@@ -337,3 +338,16 @@ async def test_tiny_model_judges_through_the_torch_engine():
             assert 0.0 <= ep.rewards["judge"] <= 1.0
     assert judge.stats["parse_errors"] == len(unparsed)
     assert summarize(episodes, rollouts_per_task=1)["scoring_errors"] == len(unparsed)
+
+
+async def test_environments_doc_judge_example_runs():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if '"""capitals' in b)
+    namespace: dict = {}
+    exec(compile(code, "environments.md", "exec"), namespace)
+    with FakeOpenAIServer(["SCORE: 10/10"]) as server:
+        env = namespace["load_environment"](judge_url=server.base_url, judge_model="m")
+        task = env.get_tasks("eval", 1)[0]
+        episode = await run_episode(env, task, [f"It is {task.answer}."])
+        await env.rubric.specs[1].fn.engine.close()
+    assert episode.rewards == {"names_capital": 1.0, "judge": 1.0, "judge_injection": 0.0}
