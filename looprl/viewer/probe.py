@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from looprl.viewer.jsonl import MalformedRow
@@ -78,14 +79,16 @@ class ExploitIndex:
         self.seen = 0
         self.by_name: dict[str, list[int]] = {}
         self.unnamed: list[int] = []
+        self._lock = threading.Lock()
 
     def update(self, f: Any) -> None:
         """Read the episodes `f` (an `EpisodeFile`) indexed since the last call."""
         f.refresh(budget_s=0.5)
-        for i in range(self.seen, len(f)):
-            try:
-                name = exploit_of(f.read(i))
-            except MalformedRow:
-                continue
-            (self.by_name.setdefault(name, []) if name else self.unnamed).append(i)
-        self.seen = max(self.seen, len(f))
+        with self._lock:
+            for i in range(self.seen, len(f)):
+                try:
+                    name = exploit_of(f.read(i))
+                except MalformedRow:
+                    continue
+                (self.by_name.setdefault(name, []) if name else self.unnamed).append(i)
+            self.seen = max(self.seen, len(f))

@@ -82,6 +82,7 @@ class Query:
     max_reward: float | None = None
     errors: str = "all"
     task: str | None = None
+    exploit: str | None = None  # probe directories: only this exploit's episodes
     offset: int = 0
     limit: int = 50
 
@@ -233,6 +234,11 @@ class Run:
             keep &= (flags & FLAG_TRUNCATED) != 0
         elif q.errors == "clean":
             keep &= (flags & (FLAG_ERROR | FLAG_TOOL_ERROR)) == 0
+        if q.exploit is not None:
+            self.exploits.update(f)
+            chosen = np.zeros(len(keep), dtype=bool)
+            chosen[[i for i in self.exploits.by_name.get(q.exploit, []) if i < len(keep)]] = True
+            keep &= chosen
         return np.nonzero(keep)[0]
 
     def _page(
@@ -313,6 +319,10 @@ def episode_brief(ep: dict[str, Any]) -> dict[str, Any]:
     msgs = ep.get("messages") or []
     last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), None)
     preview = (last.get("content") or last.get("raw") or "") if last else ""
+    prompt = task.get("prompt")
+    if isinstance(prompt, list):
+        users = [m.get("content") or "" for m in prompt if m.get("role") == "user"]
+        prompt = users[-1] if users else ""
     trajs = ep.get("trajectories") or []
     return {
         "task_id": str(task.get("id", "")),
@@ -329,6 +339,7 @@ def episode_brief(ep: dict[str, Any]) -> dict[str, Any]:
         "tokens": sum(len(t.get("token_ids") or []) for t in trajs),
         "sampled": sum(sum(t.get("mask") or []) for t in trajs),
         "preview": preview[:160],
+        "prompt": str(prompt or "")[:160],
     }
 
 

@@ -11,7 +11,7 @@ forbids inline scripts as a second line of defence). Routes:
 - `GET /api/runs`: every run with its episode files, metric row count and skipped-line notices.
 - `GET /api/metrics?run=ID&since=N`: metric rows from row N on (the page polls for new rows).
 - `GET /api/config?run=ID`: the saved `config.json` and `metadata.json`.
-- `GET /api/rollouts?run=ID&source=train|eval&step=N|all&env=&min=&max=&errors=&task=&offset=&limit=`:
+- `GET /api/rollouts?run=ID&source=train|eval&step=N|all&env=&min=&max=&errors=&task=&exploit=&offset=&limit=`:
   one page of episode summaries, the total, and whether indexing reached the end of the files.
 - `GET /api/episode?run=ID&file=KEY&i=N&tokens=0|1`: one full episode (and token strings).
 - `GET /api/tasks?run=ID&q=PREFIX`: task ids seen so far that start with PREFIX.
@@ -127,13 +127,14 @@ def api_rollouts(v: Viewer, p: Params) -> Any:
     """One filtered page of episode summaries."""
     run = v.catalog.get(p.get("run", ""))
     q = Query(
-        source=p.get("source") or ("eval" if run.kind == "eval" else "train"),
+        source=p.get("source") or ("train" if run.kind == "train" else "eval"),
         step=_step(p),
         env=p.get("env") or None,
         min_reward=_float(p, "min"),
         max_reward=_float(p, "max"),
         errors=p.get("errors") or "all",
         task=p.get("task") or None,
+        exploit=p.get("exploit") or None,
         offset=max(0, _int(p, "offset", 0)),
         limit=min(MAX_PAGE, max(1, _int(p, "limit", 50))),
     )

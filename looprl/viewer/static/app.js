@@ -5,8 +5,7 @@ window.LV = window.LV || {};
 LV.app = (() => {
   const $ = (id) => document.getElementById(id);
   const POLL_MS = 2000;
-  const ORDER = ["reward", "eval", "kl", "entropy", "clip_frac", "mismatch_kl", "tokens_per_s", "time", "loss"];
-  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, dirty: true, polling: false };
+  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, sections: {}, sectionCount: 0, dirty: true, polling: false };
 
   function showTab(name) {
     for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === name);
@@ -14,6 +13,8 @@ LV.app = (() => {
     if (location.hash !== `#${name}`) history.replaceState(null, "", `#${name}`);
     if (name === "curves") drawCharts();
     if (name === "rollouts") LV.rollouts.query();
+    if (name === "compare") LV.compare.grid(false);
+    if (name === "probe") LV.probe.show();
   }
 
   async function poll() {
@@ -46,10 +47,13 @@ LV.app = (() => {
     st.runs = runs;
     for (const r of fresh) if (st.shown.size < 8) st.shown.add(r.id);
     if (fresh.length) { renderRunToggles(); st.dirty = true; }
+    const sig = JSON.stringify(runs.map((r) => [r.monitors, r.anchors, r.files.map((f) => f.key)]));
+    if (sig !== st.sig) { st.sig = sig; st.dirty = true; }
     renderNotices(runs);
     renderSummaries(runs);
     LV.rollouts.onRuns(runs);
     LV.compare.onRuns(runs);
+    LV.probe.onRuns(runs);
   }
 
   function renderRunToggles() {
@@ -60,9 +64,9 @@ LV.app = (() => {
         if (e.target.checked) { st.shown.add(r.id); await pullMetrics(r.id); } else st.shown.delete(r.id);
         st.dirty = true; drawCharts();
       } });
-      box.append(LV.el("label", { title: r.path }, cb,
+      box.append(LV.el("label", { title: r.path, "data-run": r.id }, cb,
         LV.el("i", { class: "swatch", style: `background:${LV.charts.PALETTE[i % LV.charts.PALETTE.length]}` }),
-        ` ${r.name}${r.kind === "eval" ? " (eval)" : ""}`));
+        ` ${r.name}${r.kind === "train" ? "" : ` (${r.kind})`}`, LV.el("span", { class: "badges" }, badges(r))));
     });
   }
 
@@ -78,24 +82,75 @@ LV.app = (() => {
     $("notices").title = lines.join("\n");
   }
 
-  // Eval result directories have no curves: show their `summary` numbers as a table.
+  // Eval result directories have no curves: their `summary` numbers as a table, one column per
+  // directory and one row per number (nested tables are flattened to `rewards/correct`; lists
+  // show their length, with the items in the cell's tooltip).
   function renderSummaries(runs) {
     const rows = runs.filter((r) => r.summary && typeof r.summary === "object");
     const box = $("summaries");
     box.hidden = !rows.length;
     if (!rows.length) return;
-    const keys = [...new Set(rows.flatMap((r) => Object.keys(r.summary)))].sort();
-    const cell = (v) => (typeof v === "number" ? LV.charts.fmt(v) : JSON.stringify(v ?? "–"));
-    box.replaceChildren(LV.el("tr", {}, LV.el("th", {}, "eval"), keys.map((k) => LV.el("th", {}, k))));
-    for (const r of rows) box.append(LV.el("tr", {}, LV.el("td", {}, r.name), keys.map((k) => LV.el("td", {}, cell(r.summary[k])))));
+    const flat = rows.map((r) => flatten(r.summary, ""));
+    const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))];
+    box.replaceChildren(LV.el("tr", {}, LV.el("th", {}, "eval"), rows.map((r) => LV.el("th", { title: r.path }, r.name))));
+    for (const k of keys) box.append(LV.el("tr", {}, LV.el("td", { class: "key" }, k), flat.map((f) => summaryCell(f[k]))));
   }
 
+  function flatten(obj, prefix) {
+    const out = {};
+    for (const [k, v] of Object.entries(obj)) {
+      const key = prefix + k;
+      if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length) Object.assign(out, flatten(v, key + "/"));
+      else out[key] = v;
+    }
+    return out;
+  }
+
+  function summaryCell(v) {
+    if (v === undefined) return LV.el("td", { class: "muted" }, "");
+    if (Array.isArray(v)) return LV.el("td", { title: v.map((x) => (typeof x === "string" ? x : JSON.stringify(x))).join("\n") }, v.length ? `${v.length} item${v.length > 1 ? "s" : ""}` : "none");
+    if (v && typeof v === "object") return LV.el("td", {}, "–");
+    return LV.el("td", { class: typeof v === "number" ? "num" : "" }, typeof v === "number" ? LV.charts.fmt(v) : String(v ?? "–"));
+  }
+
+  // Sections of the curves tab, in order: the first whose test matches a metric key takes it.
+  const SECTIONS = [
+    ["reward", (k) => k.startsWith("reward/") || k.startsWith("env/")],
+    ["eval", (k) => k.startsWith("eval/")],
+    ["monitors", (k) => k.startsWith("monitor/")],
+    ["update", (k) => /^(loss|pg_loss|kl|kl_loss|entropy|entropy_loss|clip_frac|ratio_|grad_norm|lr$|adv_|mismatch_kl|logprob_gap|tis_|value_|return_mean|keep_frac|zero_var_frac|groups_used|skipped|staleness|stale_dropped)/.test(k)],
+    ["episodes", (k) => /^(turns|truncated_frac|gen_tokens|rollout_errors|infra_errors|scoring_errors|template_breaks)/.test(k)],
+    ["tools", (k) => k.startsWith("tool")],
+    ["timing", (k) => k.startsWith("time/") || /tokens_per_s|forward_|train_tokens/.test(k)],
+  ];
+  const OPEN_BY_DEFAULT = new Set(["reward", "eval", "monitors"]);
+
+  function sectionOf(key) { const s = SECTIONS.find(([, t]) => t(key)); return s ? s[0] : "other"; }
+  function sectionRank(name) { const i = SECTIONS.findIndex(([n]) => n === name); return i < 0 ? SECTIONS.length : i; }
   function groupOf(key) { return key.includes("/") ? key.split("/")[0] : key; }
 
-  function groupRank(g) { const i = ORDER.indexOf(g); return i < 0 ? ORDER.length : i; }
+  // Every value of `key` over the shown runs, and whether they are all the same number.
+  function valuesOf(key, runs) {
+    const vals = [];
+    for (const r of runs) for (const row of (st.metrics[r.id] || { rows: [] }).rows) if (row[key] !== undefined) vals.push(row[key]);
+    return vals;
+  }
+  const isConstant = (vals) => vals.length > 1 && vals.every((v) => v === vals[0]);
+  const isRate = (vals) => vals.every((v) => v >= 0 && v <= 1);
+
+  // Charts of one group: rates in [0, 1] together; when the group mixes them with counts (token
+  // counts, turns), each count gets its own chart so it cannot flatten the rates.
+  function chartsOfGroup(g, keys, runs) {
+    const vals = Object.fromEntries(keys.map((k) => [k, valuesOf(k, runs)]));
+    const rates = keys.filter((k) => isRate(vals[k]));
+    const counts = keys.filter((k) => !rates.includes(k) && Math.max(...vals[k].map(Math.abs)) > 1.5);
+    if (!rates.length || !counts.length) return [[g, keys, false]];
+    const rest = keys.filter((k) => !counts.includes(k));
+    return [[g, rest, rest.every((k) => rates.includes(k))], ...counts.map((k) => [k, [k], false])];
+  }
 
   function seriesFor(groupKeys, runs, xaxis) {
-    const multi = runs.length > 1, out = [];
+    const multi = runs.filter((r) => r.kind === "train").length > 1, out = [];
     runs.forEach((r) => {
       const rows = (st.metrics[r.id] || { rows: [] }).rows, ri = st.runs.indexOf(r);
       groupKeys.forEach((k, ki) => {
@@ -112,34 +167,118 @@ LV.app = (() => {
         out.push({ name: `${r.id}::${k}`, label: multi ? `${r.name} · ${k}` : k + (band.length ? " ± std" : ""),
           color: multi ? P[ri % P.length] : P[ki % P.length], dash: multi ? D[ki % D.length] : [], points, band });
       });
+      if (xaxis === "step") out.push(...anchorSeries(r, groupKeys, rows));
     });
     return out;
+  }
+
+  // Before/after evals (eval directories of the run's start model or final model) as diamonds.
+  function anchorSeries(r, keys, rows) {
+    const last = rows.length ? Math.max(...rows.map((row) => row.step)) : 0, out = [];
+    (r.anchors || []).forEach((a, ai) => {
+      for (const k of keys) {
+        if (a.metrics[k] === undefined) continue;
+        const x = a.step === null ? last : a.step;
+        out.push({ name: `${r.id}::${a.run}::${k}`, label: `${a.name} (${a.label} eval)`, marker: true,
+          color: a.label === "before" ? "#6d7b8d" : "#c2185b", dash: [], points: [[x, a.metrics[k]]], band: [], idx: ai });
+      }
+    });
+    return out;
+  }
+
+  // Vertical marks: held-out eval steps (grey, dashed) and monitor trips (red; labelled at the first).
+  function marksFor(runs, xaxis) {
+    if (xaxis !== "step") return [];
+    const marks = [];
+    for (const r of runs) {
+      for (const f of r.files) if (f.source === "eval" && f.step !== null) marks.push({ x: f.step, color: "rgba(47,111,222,.35)", dash: [3, 3] });
+      (r.monitors || []).forEach((m, mi) => {
+        for (const s of m.steps) marks.push({ x: s, color: "rgba(200,55,45,.45)", dash: [] });
+        marks.push({ x: m.first_step, color: "#c8372d", width: 1.5, label: `⚑ ${m.name}`, row: mi });
+      });
+    }
+    return marks;
+  }
+
+  function metricKeys(runs) {
+    const filt = $("metric-filter").value.trim().toLowerCase(), keys = new Set();
+    for (const r of runs) for (const row of (st.metrics[r.id] || { rows: [] }).rows) for (const k in row) keys.add(k);
+    keys.delete("step"); keys.delete("wall_time");
+    return [...keys].sort().filter((k) => !filt || k.toLowerCase().includes(filt));
+  }
+
+  function section(name) {
+    let sec = st.sections[name];
+    if (!sec) {
+      const grid = LV.el("div", { class: "charts" }), consts = LV.el("div", { class: "constants", hidden: true });
+      const toggle = LV.el("button", { type: "button", class: "const-toggle", onclick: () => { consts.hidden = !consts.hidden; } });
+      const el = LV.el("details", { class: "section", "data-section": name, open: OPEN_BY_DEFAULT.has(name) || st.sectionCount < 1 },
+        LV.el("summary", {}, LV.el("span", { class: "sec-name" }, name), LV.el("span", { class: "muted sec-count" })), grid, toggle, consts);
+      sec = st.sections[name] = { el, grid, consts, toggle };
+    }
+    return sec;
   }
 
   function drawCharts() {
     st.dirty = false;
     const runs = st.runs.filter((r) => st.shown.has(r.id));
-    const xaxis = $("xaxis").value, filt = $("metric-filter").value.trim().toLowerCase();
-    const keys = new Set();
-    for (const r of runs) for (const row of (st.metrics[r.id] || { rows: [] }).rows) for (const k in row) keys.add(k);
-    keys.delete("step"); keys.delete("wall_time");
-    const groups = new Map();
-    for (const k of [...keys].sort()) {
-      if (filt && !k.toLowerCase().includes(filt)) continue;
+    const xaxis = $("xaxis").value, smoothing = +$("smoothing").value;
+    const bySection = new Map();
+    for (const k of metricKeys(runs)) {
+      const name = sectionOf(k);
+      if (!bySection.has(name)) bySection.set(name, { groups: new Map(), constants: [] });
+      const sec = bySection.get(name), vals = valuesOf(k, runs);
+      if (isConstant(vals)) { sec.constants.push([k, vals[0]]); continue; }
       const g = groupOf(k);
-      if (!groups.has(g)) groups.set(g, []);
-      groups.get(g).push(k);
+      if (!sec.groups.has(g)) sec.groups.set(g, []);
+      sec.groups.get(g).push(k);
     }
-    const names = [...groups.keys()].sort((a, b) => groupRank(a) - groupRank(b) || a.localeCompare(b));
-    const box = $("charts");
-    for (const g of Object.keys(st.charts)) if (!groups.has(g)) { st.charts[g].el.remove(); delete st.charts[g]; }
-    const smoothing = +$("smoothing").value;
-    for (const g of names) {
-      const chart = st.charts[g] || (st.charts[g] = new LV.charts.LineChart(box, g));
-      box.append(chart.el); // keeps the display order
-      chart.setData(seriesFor(groups.get(g), runs, xaxis), xaxis, smoothing);
+    const names = [...bySection.keys()].sort((a, b) => sectionRank(a) - sectionRank(b) || a.localeCompare(b));
+    const box = $("charts"), marks = marksFor(runs, xaxis), seen = new Set();
+    for (const name of names) {
+      const data = bySection.get(name), sec = section(name);
+      box.append(sec.el);
+      let n = 0;
+      for (const [g, keys] of data.groups) {
+        for (const [title, ks, unit] of chartsOfGroup(g, keys, runs)) {
+          const chart = st.charts[title] || (st.charts[title] = new LV.charts.LineChart(sec.grid, title));
+          sec.grid.append(chart.el); seen.add(title); n += 1;
+          chart.setData(seriesFor(ks, runs, xaxis), xaxis, smoothing, marks);
+          chart.el.classList.toggle("unit", unit);
+        }
+      }
+      renderConstants(sec, data.constants);
+      sec.el.querySelector(".sec-count").textContent = ` ${n} chart${n === 1 ? "" : "s"}` + (data.constants.length ? ` · ${data.constants.length} constant` : "");
     }
-    $("charts-empty").hidden = names.length > 0 || st.runs.every((r) => r.kind === "eval");
+    st.sectionCount = names.length;
+    for (const t of Object.keys(st.charts)) if (!seen.has(t)) { st.charts[t].el.remove(); delete st.charts[t]; }
+    for (const n of Object.keys(st.sections)) if (!bySection.has(n)) { st.sections[n].el.remove(); delete st.sections[n]; }
+    renderBadges(runs);
+    $("charts-empty").hidden = names.length > 0 || st.runs.every((r) => r.kind !== "train");
+  }
+
+  // Constant series are folded away: a toggle names how many, and opens name = value pairs.
+  function renderConstants(sec, constants) {
+    sec.toggle.hidden = !constants.length;
+    sec.toggle.textContent = `${constants.length} constant series hidden`;
+    sec.consts.replaceChildren(...constants.map(([k, v]) => LV.el("span", { class: "const" }, `${k} = `, LV.el("b", {}, LV.charts.fmt(v)))));
+  }
+
+  // Monitor badges: on each run's toggle (the run list) and above the charts (the run page).
+  function renderBadges(runs) {
+    for (const lab of document.querySelectorAll("#run-toggles label")) {
+      const r = st.runs.find((x) => x.id === lab.dataset.run);
+      lab.querySelector(".badges").replaceChildren(...badges(r));
+    }
+    const lines = runs.filter((r) => (r.monitors || []).length).map((r) => LV.el("div", { class: "monitor-line" },
+      LV.el("b", {}, r.name), ": ", badges(r), LV.el("span", { class: "muted" }, " (red lines on the charts mark the steps where a monitor was on)")));
+    $("monitor-banner").replaceChildren(...lines);
+    $("monitor-banner").hidden = !lines.length;
+  }
+
+  function badges(r) {
+    return ((r && r.monitors) || []).map((m) => LV.el("span", { class: "pill bad monitor-badge", title: `on at steps ${m.steps.join(", ")}` },
+      `⚑ ${m.name} @ step ${m.first_step}`));
   }
 
   function init() {
@@ -154,8 +293,9 @@ LV.app = (() => {
     });
     LV.rollouts.init();
     LV.compare.init();
+    LV.probe.init();
     const tab = location.hash.slice(1);
-    if (["curves", "rollouts", "compare"].includes(tab)) showTab(tab);
+    if (["curves", "rollouts", "compare", "probe"].includes(tab)) showTab(tab);
     poll();
     setInterval(poll, POLL_MS);
   }

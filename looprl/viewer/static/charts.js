@@ -1,4 +1,5 @@
-// looprl view: line charts drawn on <canvas> (axes, legend, EMA smoothing, std bands, hover).
+// looprl view: line charts drawn on <canvas> (axes, legend, EMA smoothing, std bands, hover,
+// vertical marks for eval steps and monitor trips, diamond markers for before/after evals).
 "use strict";
 window.LV = window.LV || {};
 
@@ -16,10 +17,14 @@ LV.charts = (() => {
     return String(Number(v.toPrecision(4)));
   }
 
-  // Tick labels: as many decimals as the tick spacing needs, no more.
+  // Tick labels: as many digits as the tick spacing needs, no more; zero is always "0". Small
+  // or huge spacings use exponents (1e-9 steps would otherwise print as 0.000000001).
   function fmtTick(v, step) {
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(1);
+    if (Math.abs(v) < step * 1e-6) return "0";
+    if (step < 1e-3 || Math.abs(v) >= 1e5) {
+      const digits = Math.max(0, Math.min(4, Math.floor(Math.log10(Math.abs(v))) - Math.floor(Math.log10(step) + 1e-9)));
+      return v.toExponential(digits).replace("e+", "e");
+    }
     const dec = Math.max(0, Math.min(8, -Math.floor(Math.log10(step) + 1e-9)));
     return v.toFixed(dec);
   }
@@ -101,17 +106,21 @@ LV.charts = (() => {
       this.el = LV.el("div", { class: "chart", "data-title": title },
         LV.el("h3", {}, title), LV.el("div", { style: "position:relative" }, this.canvas, this.overlay), this.legend);
       this.series = [];
+      this.marks = [];
       this.hidden = new Set();
       this.xKind = "step";
       this.smoothing = 0;
       parent.appendChild(this.el);
       this.overlay.addEventListener("mousemove", (e) => this.hover(e));
       this.overlay.addEventListener("mouseleave", () => this.unhover());
-      new ResizeObserver(() => this.draw()).observe(this.el);
+      // redrawn whenever its size changes, including when a hidden tab or section is shown again
+      new ResizeObserver(() => this.draw()).observe(this.canvas);
     }
 
-    setData(series, xKind, smoothing) {
+    // marks: vertical lines [{x, color, dash, label}] (eval steps, monitor trips)
+    setData(series, xKind, smoothing, marks) {
       this.series = series;
+      this.marks = marks || [];
       this.xKind = xKind;
       this.smoothing = smoothing;
       this.renderLegend();
@@ -120,12 +129,15 @@ LV.charts = (() => {
 
     renderLegend() {
       this.legend.replaceChildren();
-      for (const s of this.series) {
-        const span = document.createElement("span");
+      const labels = new Map(); // series sharing a label (a before/after eval's metrics) share an entry
+      for (const s of this.series) (labels.get(s.label) || labels.set(s.label, []).get(s.label)).push(s);
+      for (const [label, group] of labels) {
+        const s = group[0], span = document.createElement("span");
         span.className = this.hidden.has(s.name) ? "off" : "";
-        span.append(swatchLine(s.color, s.dash), s.label);
+        span.append(s.marker ? LV.el("i", { class: "diamond", style: `background:${s.color}` }) : swatchLine(s.color, s.dash), label);
         span.onclick = () => {
-          if (this.hidden.has(s.name)) this.hidden.delete(s.name); else this.hidden.add(s.name);
+          const hide = !this.hidden.has(s.name);
+          for (const x of group) if (hide) this.hidden.add(x.name); else this.hidden.delete(x.name);
           this.renderLegend();
           this.draw();
         };
@@ -146,6 +158,7 @@ LV.charts = (() => {
         for (const [, lo, hi] of s.band || []) { if (lo < y0) y0 = lo; if (hi > y1) y1 = hi; }
       }
       if (!isFinite(x0)) return null;
+      if (this.el.classList.contains("unit")) { y0 = Math.min(y0, 0); y1 = Math.max(y1, 1); } // rates: the whole [0, 1]
       if (x0 === x1) { x0 -= 1; x1 += 1; }
       if (y0 === y1) { const d = Math.abs(y0) * 0.1 || 1; y0 -= d; y1 += d; }
       const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
@@ -156,18 +169,20 @@ LV.charts = (() => {
         xv: (px) => x0 + ((px - M.left) / pw) * (x1 - x0) };
     }
 
+    // The backing store follows the element's CSS size; the CSS size itself is never written, so
+    // a chart drawn while hidden (size 0) comes back at full size once shown.
     setup(canvas) {
       const dpr = window.devicePixelRatio || 1;
-      const w = canvas.clientWidth || this.canvas.clientWidth, h = this.canvas.clientHeight;
+      const w = this.canvas.clientWidth, h = this.canvas.clientHeight;
       canvas.width = Math.max(1, Math.round(w * dpr));
       canvas.height = Math.max(1, Math.round(h * dpr));
-      canvas.style.width = w + "px"; canvas.style.height = h + "px";
       const ctx = canvas.getContext("2d");
       ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
       return ctx;
     }
 
     draw() {
+      if (!this.canvas.clientWidth || !this.canvas.clientHeight) return; // hidden: drawn when shown
       const ctx = this.setup(this.canvas);
       this.setup(this.overlay);
       const f = this.frame();
@@ -178,8 +193,24 @@ LV.charts = (() => {
       this.drawAxes(ctx, f);
       ctx.save();
       ctx.beginPath(); ctx.rect(M.left, M.top, f.pw, f.ph); ctx.clip();
+      this.drawMarks(ctx, f);
       for (const s of this.visible()) this.drawSeries(ctx, f, s);
       ctx.restore();
+    }
+
+    drawMarks(ctx, f) {
+      for (const m of this.marks) {
+        if (m.x < f.x0 || m.x > f.x1) continue;
+        const x = Math.round(f.xp(m.x)) + 0.5;
+        ctx.strokeStyle = m.color; ctx.lineWidth = m.width || 1; ctx.setLineDash(m.dash || []);
+        ctx.beginPath(); ctx.moveTo(x, M.top); ctx.lineTo(x, M.top + f.ph); ctx.stroke();
+        ctx.setLineDash([]);
+        if (m.label) {
+          ctx.fillStyle = m.color; ctx.textAlign = "left"; ctx.textBaseline = "top";
+          ctx.fillText(m.label, x + 3, M.top + 2 + 12 * (m.row || 0));
+        }
+      }
+      ctx.lineWidth = 1;
     }
 
     drawAxes(ctx, f) {
@@ -208,6 +239,15 @@ LV.charts = (() => {
         s.band.forEach(([x, , hi], i) => (i ? ctx.lineTo(f.xp(x), f.yp(hi)) : ctx.moveTo(f.xp(x), f.yp(hi))));
         for (let i = s.band.length - 1; i >= 0; i--) ctx.lineTo(f.xp(s.band[i][0]), f.yp(s.band[i][1]));
         ctx.fill(); ctx.globalAlpha = 1;
+      }
+      if (s.marker) { // a before/after eval: one diamond per point, no line
+        ctx.fillStyle = s.color; ctx.strokeStyle = "#fff";
+        for (const [x, y] of s.points) {
+          const px = f.xp(x), py = f.yp(y);
+          ctx.beginPath(); ctx.moveTo(px, py - 6); ctx.lineTo(px + 6, py); ctx.lineTo(px, py + 6); ctx.lineTo(px - 6, py); ctx.closePath();
+          ctx.fill(); ctx.stroke();
+        }
+        return;
       }
       const smooth = this.smoothing > 0;
       this.line(ctx, f, s, s.points, smooth ? 0.25 : 1);
@@ -270,5 +310,5 @@ LV.charts = (() => {
     }
   }
 
-  return { LineChart, PALETTE, DASHES, fmt, fmtDuration, ema };
+  return { LineChart, PALETTE, DASHES, fmt, fmtTick, fmtDuration, ema, ticks };
 })();

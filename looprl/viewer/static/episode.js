@@ -10,7 +10,7 @@ LV.episode = (() => {
   function render(pane, data, opts) {
     const ep = data.episode;
     const body = opts.tokens ? tokenView(ep, data.tokens, data.tokenizer) : messagesView(ep, opts.raw);
-    pane.replaceChildren(...[header(data, opts), facts(ep), problems(ep), taskBlock(ep.task || {}), body].filter(Boolean));
+    pane.replaceChildren(...[header(data, opts), facts(ep), groupBlock(data.group), problems(ep), taskBlock(ep.task || {}), body].filter(Boolean));
   }
 
   function header(data, opts) {
@@ -25,7 +25,8 @@ LV.episode = (() => {
       el("span", { class: "actions" },
         toggle("token view", "tokens", "tok-toggle"),
         opts.tokens ? null : toggle("raw text", "raw", "raw-toggle"),
-        opts.onCompare ? el("button", { type: "button", class: "compare-btn", onclick: opts.onCompare }, "compare across steps") : null));
+        opts.onCompare ? el("button", { type: "button", class: "compare-btn", onclick: opts.onCompare },
+          data.file.startsWith("eval:") ? "compare across steps" : "held-out evals across steps") : null));
   }
 
   function facts(ep) {
@@ -44,6 +45,23 @@ LV.episode = (() => {
         kv("stop", ep.stop_reason || "–"), ep.truncated ? el("span", { class: "pill warn" }, "truncated") : null,
         kv("tokens", `${sampled} sampled / ${total}`), kv("segments", trajs.length),
         timings ? el("span", { class: "muted" }, `time: ${timings}`) : null));
+  }
+
+  // A training episode's advantage and its group's rewards (recomputed by the server from the
+  // saved group and the run's algorithm config: the trainer does not store advantages).
+  function groupBlock(g) {
+    if (!g) return null;
+    const adv = g.advantage === null ? el("span", { class: "muted" }, "not recomputed")
+      : el("b", { class: g.advantage > 0 ? "up" : g.advantage < 0 ? "down" : "" }, (g.advantage > 0 ? "+" : "") + LV.charts.fmt(g.advantage));
+    const how = `recomputed from the saved group's rewards (${[g.preset, g.estimator].filter(Boolean).join(" · ") || "?"})`;
+    const chips = g.rewards.map((r, k) => el("span", { class: "chip" + (k === g.index ? " me" : ""),
+      title: g.advantages && g.advantages[k] !== null ? `advantage ${LV.charts.fmt(g.advantages[k])}` : "no advantage" }, LV.fmtReward(r)));
+    const size = g.expected && g.expected !== g.size ? ` (${g.size} of ${g.expected} saved)` : "";
+    return el("div", { class: "group" },
+      el("div", { class: "kv" }, el("span", { class: "muted" }, "advantage:"), adv, el("span", { class: "muted adv-how" }, how),
+        g.kept ? null : el("span", { class: "pill warn" }, "dropped from the update")),
+      el("div", { class: "kv" }, el("span", { class: "muted" }, `group rewards${size}:`), chips),
+      g.note ? el("div", { class: "muted adv-note" }, g.note) : null);
   }
 
   function problems(ep) {
@@ -68,11 +86,12 @@ LV.episode = (() => {
 
   function messagesView(ep, raw) {
     const box = el("div", { class: "messages" });
+    const msgs = ep.messages || [];
     let turn = 0, seenAssistant = false;
-    for (const m of ep.messages || []) {
+    msgs.forEach((m, n) => {
       if (m.role === "assistant") {
         box.append(el("div", { class: "turn-sep" }, `turn ${turn + 1}`));
-        box.append(assistant(m, raw));
+        box.append(assistant(m, raw, unparsed(ep, msgs, n)));
         turn += 1; seenAssistant = true;
       } else if (m.role === "tool") {
         const who = [m.name, m.tool_call_id].filter(Boolean).join(" · ");
@@ -83,11 +102,22 @@ LV.episode = (() => {
         const label = seenAssistant ? "environment" : m.role;
         box.append(el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, label), el("pre", {}, m.content)));
       }
-    }
+    });
     return box;
   }
 
-  function assistant(m, raw) {
+  // A turn whose text is all a tool call that did not parse has no content and no calls: find
+  // the error the environment answered (the next tool message and its outcome's kind).
+  function unparsed(ep, msgs, n) {
+    const m = msgs[n];
+    if ((m.content || "").trim() || (m.tool_calls || []).length) return null;
+    const reply = msgs[n + 1] && msgs[n + 1].role === "tool" ? msgs[n + 1] : null;
+    const outcomes = Array.isArray(ep.tool_outcomes) ? ep.tool_outcomes : [];
+    const outcome = reply ? outcomes.find((o) => o && o.call_id === reply.tool_call_id && o.error_kind) : null;
+    return { kind: outcome ? String(outcome.error_kind) : null, message: reply ? reply.content : null };
+  }
+
+  function assistant(m, raw, bad) {
     const box = el("div", { class: "msg assistant" }, el("div", { class: "role" }, raw ? "assistant · raw sampled text" : "assistant"));
     if (raw) { box.append(el("pre", {}, m.raw || m.content)); return box; }
     const text = m.content || "";
@@ -101,6 +131,11 @@ LV.episode = (() => {
     }
     const rest = text.slice(last).trim();
     if (rest) box.append(el("pre", {}, rest));
+    if (bad) {
+      box.append(el("div", { class: "call bad-call" }, el("span", { class: "pill bad" }, bad.kind || "no parsed content"),
+        el("span", { class: "muted" }, " the whole turn as sampled:"), el("pre", {}, m.raw || "(empty reply)"),
+        bad.message ? el("div", { class: "call-error" }, el("b", {}, "environment: "), bad.message) : null));
+    }
     for (const c of m.tool_calls || []) {
       const args = c.arguments && Object.keys(c.arguments).length ? JSON.stringify(c.arguments, null, 2) : (c.raw || "{}");
       box.append(el("div", { class: "call" }, "→ call ", el("span", { class: "name" }, c.name || "(unparsed)"),
