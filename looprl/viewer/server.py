@@ -22,6 +22,7 @@ forbids inline scripts as a second line of defence). Routes:
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import json
 import math
@@ -408,7 +409,14 @@ def main_args(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         serve(args.paths, host=args.host, port=args.port, open_browser=args.open)
-    except (FileNotFoundError, OSError) as e:
-        print(f"looprl view: {e}", file=sys.stderr)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            print(
+                f"error: port {args.port} on {args.host} is busy — pass --port 0 for a free one, "
+                "or choose another port",
+                file=sys.stderr,
+            )
+        else:
+            print(f"error: {e} — check the paths and --host", file=sys.stderr)
         return 2
     return 0
