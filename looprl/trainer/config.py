@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from looprl.engines.config import EngineSection
+from looprl.trainer.monitors_config import MonitorsSection
 
 
 class _Section(BaseModel):
@@ -181,6 +182,7 @@ class TrainConfig(_Section):
     optim: OptimSection = Field(default_factory=lambda: OptimSection())
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
+    monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")

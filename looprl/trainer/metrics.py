@@ -78,6 +78,19 @@ METRICS: dict[str, str] = {
     "eval/<env>/reward": "mean reward of one environment of a mixture on them",
     "eval/turns": "assistant turns per held-out episode",
     "eval/gen_tokens": "generated tokens per held-out episode",
+    # reward-hacking monitors (looprl.trainer.monitors; 1.0 at a step where one tripped)
+    "monitor/reward_vs_heldout": "1 at an evaluation where training reward rose while monitors.heldout_metric fell",
+    "monitor/length_blowup": "1 when tokens or turns per episode jumped above monitors.length_ratio x their baseline",
+    "monitor/tool_call_spike": "1 when tool calls per episode jumped above monitors.tool_call_ratio x their baseline",
+    "monitor/format_only_reward": "1 when more than monitors.format_only_max of the episodes were paid by format alone",
+    "monitor/entropy_collapse": "1 when entropy fell below monitors.entropy_ratio x its level over the first steps",
+    "monitor/kl_spike": "1 when kl, mismatch_kl or logprob_gap jumped above monitors.spike_ratio x baseline",
+    "monitor/repeated_ngrams": "1 when replies repeat more than monitors.ngram_repeat_max of their n-grams",
+    "monitor/reward_disagreement": "1 when a reward function and a check that agreed no longer do",
+    "reply_tokens": "tokens the policy sampled per episode (length_blowup reads it)",
+    "format_only_frac": "fraction of scored episodes rewarded by format-type functions alone",
+    "repeat_ngram_frac": "mean seq-rep-n of the replies: share of their n-grams repeating an earlier one",
+    "reward_agreement": "lowest correlation among reward/check pairs that once agreed (when any did)",
 }
 
 _PATTERNS = [
