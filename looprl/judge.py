@@ -89,15 +89,13 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 _VALUE = rf"({_NUM})\s*(?:(/|out\s+of)\s*({_NUM})|(%))?"
 _SCORE_FORMS = [
     re.compile(rf"<\s*score\s*>\s*{_VALUE}\s*<\s*/\s*score\s*>", re.I),
-    re.compile(rf"\b(?:score|rating|grade)\b\**\s*[:=]\s*\**\s*{_VALUE}", re.I),
+    re.compile(rf"\b(?:score|rating|grade)\b[\s*]*[:=][\s*]*{_VALUE}", re.I),
 ]
 _BARE = re.compile(rf"^\s*{_VALUE}\s*$")
-_VERDICT_LINE = re.compile(r"^[\W_]*(?:verdict\s*[:=][\W_]*)?([a-z][a-z ]*?)[\W_]*$", re.I)
+_VERDICT_LINE = re.compile(r"^[\W_]*(?:verdict\s*[:=][\W_]*)?([a-z]+(?: [a-z]+)*)[\W_]*$", re.I)
 # What a candidate writes to imitate the judge's output or the fence, replaced in hardened mode.
 _IMITATIONS = [
-    re.compile(
-        rf"\b(?:score|rating|grade)\b\**\s*[:=]\s*\**\s*(?:{_NUM}\s*(?:/\s*{_NUM}|%)?)?", re.I
-    ),
+    re.compile(rf"\b(?:score|rating|grade)\b[\s*]*[:=][\s*]*(?:{_NUM}\s*(?:/\s*{_NUM}|%)?)?", re.I),
     re.compile(r"<\s*/?\s*score\s*>", re.I),
     re.compile(r"<<<|>>>|\b(?:BEGIN|END)\s+CANDIDATE\b", re.I),
 ]
@@ -105,7 +103,8 @@ _IMITATIONS = [
 _DIRECTIVES = re.compile(
     r"ignore\s+(?:all\s+|any\s+|the\s+|previous\s+|prior\s+|above\s+)*"
     r"(?:instructions?|rubric|rules|grading|reference)"
-    r"|\b(?:score|grade|rate)\s+(?:this|it|me|the\s+answer)?\s*(?:as\s+)?(?:10|100|full|perfect)\b",
+    r"|\b(?:score|grade|rate)\s+(?:(?:this|it|me|the\s+answer)\s+)?(?:as\s+)?"
+    r"(?:10|100|full|perfect)\b",
     re.I,
 )
 _MARKER = "[score-like text removed]"
