@@ -14,7 +14,7 @@ from typing import Any
 
 from looprl.envs.arithmetic import calculate, safe_eval
 from looprl.envs.base import Limits, ToolEnv
-from looprl.envs.kit import final_reply, split_of, tool_call_validity, used_tool
+from looprl.envs.kit import final_answer_text, split_of, tool_call_validity, used_tool
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
@@ -54,13 +54,13 @@ def extract_answer(text: str) -> str | None:
 
 def correct_answer(episode: EpisodeResult) -> float:
     """1.0 when the final reply's answer equals the reference exactly (the accuracy metric)."""
-    got = extract_answer(final_reply(episode))
+    got = extract_answer(final_answer_text(episode))
     return float(got is not None and episode.task.answer is not None and got == episode.task.answer)
 
 
 def answer_format(episode: EpisodeResult) -> float:
     """1.0 when the final reply states 'The answer is N.' (metric)."""
-    return float(bool(_ANSWER_RE.search(final_reply(episode))))
+    return float(bool(_ANSWER_RE.search(final_answer_text(episode))))
 
 
 def load_environment(

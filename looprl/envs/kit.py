@@ -1,7 +1,8 @@
 """The environment author's kit: what rubrics and task generators of every environment need.
 
 - `final_reply(episode)`, `final_raw(episode)`: the last assistant message, as parsed text or as
-  sampled text;
+  sampled text; `final_answer_text(episode)`: where a rubric reads the final answer (the parsed
+  text without reasoning blocks), `answer_text(message)` the same for any assistant message;
 - `tool_calls(episode, name)`: the calls the model made; `shown_outcomes(episode)`: how each call
   whose result the model saw went (`ToolOutcome`: error kind, the tool's own status);
 - `used_tool`, `tool_call_validity`: the tool-use metrics, ready to put in a `Rubric`;
@@ -14,12 +15,14 @@ call with a kind of your own, return `ToolReply(content, status=...)` to record 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
 
 from looprl.tools.executor import ERROR_KINDS
 from looprl.types import EpisodeResult, Message, ToolCall, ToolOutcome
 
 EVAL_BUCKETS = 5  # one hash bucket in five is held out for evaluation
+_REASONING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 
 
 def _last_assistant(episode: EpisodeResult) -> Message | None:
@@ -36,6 +39,22 @@ def final_raw(episode: EpisodeResult) -> str:
     """The exact text the model sampled in its last turn (its content when no raw text was kept)."""
     last = _last_assistant(episode)
     return (last.raw or last.content) if last is not None else ""
+
+
+def answer_text(message: Message) -> str:
+    """An assistant message as a rubric should read an answer from it: the text outside tool
+    calls, without `<think>...</think>` blocks (an unclosed `<think>` runs to the end).
+
+    An answer written in reasoning or inside a tool call's arguments is not an answer: `looprl
+    probe` checks that rubrics read only this.
+    """
+    return _REASONING.sub("", message.content).strip()
+
+
+def final_answer_text(episode: EpisodeResult) -> str:
+    """`answer_text` of the last assistant message ("" when none): read final answers from this."""
+    last = _last_assistant(episode)
+    return answer_text(last) if last is not None else ""
 
 
 def tool_calls(episode: EpisodeResult, name: str | None = None) -> list[ToolCall]:

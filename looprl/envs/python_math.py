@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from fractions import Fraction
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Limits, ToolEnv
-from looprl.envs.kit import final_reply, shown_outcomes, split_of
+from looprl.envs.kit import final_answer_text, shown_outcomes, split_of
 from looprl.rubrics import Rubric
 from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
 from looprl.types import EpisodeResult, Message, Task
@@ -118,7 +119,7 @@ _ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\s$]+?)\$?\.?\s*$", re.IGNORECASE
 
 def final_answer(episode: EpisodeResult) -> str | None:
     """The boxed answer (or 'The answer is X') of the last assistant message."""
-    text = final_reply(episode)
+    text = final_answer_text(episode)
     boxed = _BOXED.findall(text)
     if boxed:
         return boxed[-1].strip()
@@ -146,12 +147,35 @@ def python_statuses(episode: EpisodeResult) -> list[str]:
     ]
 
 
+_FRACTIONS = (
+    re.compile(r"^(-?\d+)\s*/\s*(\d+)$"),
+    re.compile(r"^-?\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$"),
+)
+
+
+def not_in_lowest_terms(question: str, answer: str) -> bool:
+    """True when the question asks for a reduced fraction and `answer` is one that is not."""
+    if "reduced fraction" not in question.lower():
+        return False
+    for pattern in _FRACTIONS:
+        found = pattern.match(answer.strip())
+        if found:
+            return math.gcd(int(found[1]), int(found[2])) != 1
+    return False
+
+
 def correct(episode: EpisodeResult) -> float:
-    """1.0 when math-verify finds the final answer equivalent to the reference."""
+    """1.0 when math-verify finds the final answer equivalent to the reference.
+
+    A task that asks for a reduced fraction gets 0.0 for an unreduced one (math-verify alone
+    would accept 14/24 for 7/12, so the reduction could be skipped).
+    """
     if "sandbox_error" in python_statuses(episode):
         raise SandboxFailure("the sandbox failed during this episode (status sandbox_error)")
     got = final_answer(episode)
     if got is None or episode.task.answer is None:
+        return 0.0
+    if not_in_lowest_terms(episode.task.prompt[-1].content, got):
         return 0.0
     from math_verify import parse, verify
 

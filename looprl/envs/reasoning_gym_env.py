@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.envs.kit import final_raw
+from looprl.envs.kit import final_answer_text
 from looprl.envs.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
@@ -95,12 +95,12 @@ class ReasoningGymTasks:
     def score(self, episode: EpisodeResult) -> float:
         """reasoning-gym's own `score_answer` on the extracted `<answer>` (None when missing)."""
         entry = self.entry(int(episode.task.info["index"]))
-        return float(self.data.score_answer(extract_answer(final_raw(episode)), entry))
+        return float(self.data.score_answer(extract_answer(final_answer_text(episode)), entry))
 
 
 def answer_format(episode: EpisodeResult) -> float:
     """1.0 when the final reply holds an `<answer>...</answer>` block (metric)."""
-    return float(extract_answer(final_raw(episode)) is not None)
+    return float(extract_answer(final_answer_text(episode)) is not None)
 
 
 def load_environment(

@@ -17,6 +17,8 @@ BUILTIN = {
     "reasoning_gym": "looprl.envs.reasoning_gym_env",
     "mixture": "looprl.envs.mixture",
     "python_math": "looprl.envs.python_math",
+    "number_anywhere": "looprl.envs.hackable:load_number_anywhere",
+    "number_final": "looprl.envs.hackable:load_number_final",
 }
 ENTRY_POINT_GROUP = "looprl.environments"
 
@@ -29,8 +31,10 @@ def available_environments() -> list[str]:
 
 
 def _import_target(name: str) -> Any:
-    if name in BUILTIN:
-        return importlib.import_module(BUILTIN[name])
+    if name in BUILTIN:  # "module" or "module:function"
+        module_name, _, function = BUILTIN[name].partition(":")
+        loaded = importlib.import_module(module_name)
+        return getattr(loaded, function) if function else loaded
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()

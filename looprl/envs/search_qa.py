@@ -30,7 +30,7 @@ import bm25s
 
 from looprl.envs.base import Limits, ToolEnv
 from looprl.envs.corpus import Document, Question, generate_world, split_of
-from looprl.envs.kit import final_reply, tool_calls
+from looprl.envs.kit import final_answer_text, tool_calls
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 
@@ -179,7 +179,7 @@ def f1_score(prediction: str, reference: str) -> float:
 
 def exact_match(episode: EpisodeResult) -> float:
     """1.0 when the final answer equals the reference after normalization (the reward)."""
-    got = extract_answer(final_reply(episode))
+    got = extract_answer(final_answer_text(episode))
     ref = episode.task.answer
     return float(
         got is not None and ref is not None and normalize_answer(got) == normalize_answer(ref)
@@ -188,7 +188,7 @@ def exact_match(episode: EpisodeResult) -> float:
 
 def f1(episode: EpisodeResult) -> float:
     """Token F1 of the final answer against the reference (metric; 0.0 without an answer)."""
-    got = extract_answer(final_reply(episode))
+    got = extract_answer(final_answer_text(episode))
     return f1_score(got, episode.task.answer or "") if got is not None else 0.0
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Limits, MultiTurnEnv
+from looprl.envs.kit import answer_text
 from looprl.envs.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
@@ -103,7 +104,7 @@ def guesses_of(episode: EpisodeResult) -> list[str | None]:
     _, valid = word_lists()
     target = episode.task.answer or ""
     return [
-        judge(m.raw or m.content, target, valid)[0]
+        judge(answer_text(m), target, valid)[0]
         for m in episode.messages
         if m.role == "assistant"
     ][:MAX_GUESSES]
@@ -148,7 +149,7 @@ class WordleEnv(MultiTurnEnv):
     async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
         """Judge the last guess; end the game on a win or after the sixth guess."""
         last = messages[-1]
-        marks, feedback = judge(last.raw or last.content, state["target"], word_lists()[1])
+        marks, feedback = judge(answer_text(last), state["target"], word_lists()[1])
         state["history"].append(feedback)
         if marks == "GGGGG":
             state["won"] = True
