@@ -152,6 +152,7 @@ class Trainer:
                 self.run_dir,
                 tensorboard=self.cfg.run.tensorboard,
                 resume_step=self.step if self.resume else None,
+                total_steps=self.cfg.trainer.steps,
             )
         self.monitors = Monitors.for_run(  # reward-hacking monitors; a resume replays their history
             self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main, resume=self.resume
@@ -192,10 +193,13 @@ class Trainer:
         try:
             self._setup()
             if self.is_main:
-                console.print(
-                    f"[bold]looprl train[/bold] {self.env.name} · {self.cfg.model.name} · {self.algo.name} → {self.run_dir}"
-                )
-                console.print_json(json.dumps(self.cfg.model_dump()))
+                from looprl.trainer.logger import config_summary  # the full config: config.json
+
+                summary = config_summary(
+                    self.cfg, algorithm=self.algo.name, env=self.env.name,
+                    run_dir=self.run_dir, device=str(self.device),
+                )  # fmt: skip
+                console.print(summary, highlight=False, soft_wrap=True)
             last = asyncio.run(self._loop())
             D.close_distributed(self.dist)
             return last
