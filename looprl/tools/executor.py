@@ -24,6 +24,7 @@ import concurrent.futures
 import contextvars
 import functools
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ ERROR_KINDS = (
 )
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
+_KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
 
 
 @dataclass
@@ -103,8 +105,11 @@ class ToolError(Exception):
 
     def __init__(self, message: str, *, kind: str = "tool_error", infra: bool = False) -> None:
         super().__init__(message)
-        if not kind:
-            raise ValueError("ToolError needs a non-empty kind")
+        if not _KIND.fullmatch(kind):
+            raise ValueError(
+                f"ToolError kind {kind!r} is not a short identifier; name the failure like "
+                "'not_found' (letters, digits, '_', '.', '-'), and put the explanation in message"
+            )
         self.kind = kind
         self.infra = infra
 
