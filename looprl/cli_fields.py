@@ -131,9 +131,11 @@ def fields_text(model: type[BaseModel], values: BaseModel | None = None, width: 
             if value != f.default:
                 shown = f"= {show_value(value)} (default {show_value(f.default)})"
         lines.append(f"  --{f.key} {f.type} {shown}")
+        indent = " " * 6
         lines += textwrap.wrap(
-            f.description, width, initial_indent=" " * 6, subsequent_indent=" " * 6
-        )
+            f.description, width, initial_indent=indent, subsequent_indent=indent,
+            break_on_hyphens=False, break_long_words=False,
+        )  # fmt: skip
     return "\n".join(lines)
 
 

@@ -155,13 +155,20 @@ def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None
     assert all("'hang'" in r["errors"][0]["message"] for r in rows)
 
 
-def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys) -> None:
+def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys, monkeypatch) -> None:
+    import looprl.cli_eval
+
     out = tmp_path / "dead"
     dead = FakeOpenAIServer(script=["x"]).start()
     dead_url = dead.base_url
     dead.stop()  # nothing listens there now
     args = ["eval", "calculator", "--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
+    assert main([*args, "--base-url", dead_url]) == 2  # the preflight finds it: nothing written
+    assert not out.exists() and dead_url in capsys.readouterr().err
+    # a server that dies after the preflight: every episode errors, the run fails
+    monkeypatch.setattr(looprl.cli_eval, "preflight", lambda url, key: None)
     assert main([*args, "--base-url", dead_url]) == 1
+    monkeypatch.undo()
     first = json.loads((out / "metadata.json").read_text())
     assert first["status"] == "failed" and first["summary"]["infra_errors"] == 6
     assert "FAILED" in capsys.readouterr().out
