@@ -32,8 +32,11 @@ class EpisodeError(TypedDict):
     """
 
     kind: ErrorKind
+    """Whose fault: `infra`, `rollout` or `scoring`."""
     message: str
+    """What went wrong, in one line."""
     function: NotRequired[str]
+    """The reward function that raised (`scoring` errors only)."""
 
 
 @dataclass
@@ -45,9 +48,13 @@ class ToolCall:
     """
 
     name: str
+    """The tool the model named."""
     arguments: dict[str, Any]
+    """The parsed JSON object of arguments."""
     id: str = ""
+    """Links the call to the tool message that answers it (`call_0`, ...)."""
     raw: str = ""
+    """The exact text the model wrote for this call."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -78,12 +85,19 @@ class ToolOutcome:
     """
 
     name: str
+    """The tool called (as the model wrote it)."""
     call_id: str = ""
+    """The id of the call this outcome answers."""
     error_kind: str | None = None
+    """None when the call ran; else an executor kind or the tool's own `ToolError` kind."""
     status: str = ""
+    """The tool's own status from a `ToolReply` ("" when it reports none)."""
     seconds: float = 0.0
+    """Wall time of the call."""
     truncated: bool = False
+    """The result was cut to the environment's `max_tool_result_chars`."""
     infra: bool = False
+    """The tool, not the model's call, failed (timeout, unavailable, `infra=True`)."""
 
     @property
     def ok(self) -> bool:
@@ -110,11 +124,17 @@ class Message:
     """
 
     role: Role
+    """`system`, `user`, `assistant` or `tool`."""
     content: str = ""
+    """The text (for an assistant: the text outside tool-call blocks)."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    """An assistant message's well-formed tool calls, in order."""
     tool_call_id: str | None = None
+    """A tool message: the id of the call it answers."""
     name: str | None = None
+    """A tool message: the tool that answered."""
     raw: str = ""
+    """An assistant message: the exact decoded text the model sampled."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (empty optional fields are kept so the round trip is exact)."""
@@ -165,10 +185,15 @@ class Task:
     """
 
     id: str
+    """Stable id: seeds sampling, groups rollouts, matches tasks across runs."""
     prompt: list[Message]
+    """The chat messages the episode starts from (system prompt included)."""
     answer: str | None = None
+    """The reference answer, for the rubric (None when there is none)."""
     info: dict[str, Any] = field(default_factory=dict)
+    """Free-form JSON the rewards may read (e.g. gold document ids)."""
     env: str = ""
+    """The member environment of a mixture ("" otherwise)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -209,9 +234,13 @@ class Trajectory:
     """
 
     token_ids: list[int] = field(default_factory=list)
+    """The segment's tokens, prompt and completions, in order: (T,)."""
     mask: list[int] = field(default_factory=list)
+    """1 on tokens the policy sampled (trained), 0 elsewhere: (T,)."""
     logprobs: list[float] = field(default_factory=list)
+    """The sampler's log-probability of each sampled token, 0.0 where mask is 0: (T,)."""
     turns: list[int] = field(default_factory=list)
+    """The assistant turn (0-based) each token belongs to or follows: (T,)."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -269,22 +298,39 @@ class EpisodeResult:
     """
 
     task: Task
+    """The task played."""
     messages: list[Message] = field(default_factory=list)
+    """The whole conversation: the task's prompt, then every turn as appended."""
     trajectories: list[Trajectory] = field(default_factory=list)
+    """Token-level segments (empty with a message-level engine)."""
     reward: float = 0.0
+    """The weighted total of the rubric's reward functions."""
     rewards: dict[str, float] = field(default_factory=dict)
+    """Each reward function's and metric's value, by function name."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """Rollout metrics (e.g. `template_breaks`)."""
     errors: list[EpisodeError] = field(default_factory=list)
+    """`EpisodeError` records; an episode with any is kept out of training."""
     tool_errors: dict[str, int] = field(default_factory=dict)
+    """Failed tool calls by kind, plus `truncated` for cut results."""
     tool_outcomes: list[ToolOutcome] = field(default_factory=list)
+    """How each tool call (and malformed block) went, in order, last turn included."""
     num_turns: int = 0
+    """Assistant turns sampled."""
     num_tool_calls: int = 0
+    """Tool-call blocks the model wrote, malformed ones included."""
     truncated: bool = False
+    """A limit cut the episode (`max_turns`, `max_tokens`, `max_context`, `timeout`)."""
     stop_reason: StopReason = ""
+    """Why the episode ended (see `StopReason`)."""
     timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: `generate`, `env`, `score`, `total`."""
     rollout_index: int = 0
+    """Which of the task's group of rollouts this is (0-based)."""
     state: dict[str, Any] = field(default_factory=dict)
+    """The environment's per-episode state at the end (what JSON can hold is saved)."""
     policy_version: int | None = None
+    """The optimizer step whose weights sampled it (None in evaluations)."""
 
     @property
     def rollout_error(self) -> bool:
@@ -393,11 +439,17 @@ class SamplingParams:
     """
 
     max_tokens: int = 256
+    """Most tokens to sample in the turn (the rollout lowers it to fit the limits)."""
     temperature: float = 1.0
+    """Softmax temperature; 0 is greedy."""
     top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 keeps the whole distribution."""
     top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
     stop: list[str] = field(default_factory=list)
+    """Strings that end the turn."""
     seed: int | None = None
+    """Sampling seed (the rollout sets one per task, rollout and turn)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -415,12 +467,19 @@ class Generation:
     """
 
     text: str
+    """The sampled text."""
     token_ids: list[int] = field(default_factory=list)
+    """The sampled token ids (token-level engines; empty otherwise)."""
     logprobs: list[float] = field(default_factory=list)
+    """The sampling log-probability of each sampled token."""
     finish_reason: FinishReason = "stop"
+    """`stop`, `length` (the token budget ran out) or `error`."""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    """Structured calls a message-level engine returned besides the text."""
     error: str | None = None
+    """The failure, when `finish_reason` is `error`."""
     seconds: float = 0.0
+    """Wall time of the request."""
 
 
 class Summary(TypedDict):
@@ -435,23 +494,44 @@ class Summary(TypedDict):
     """
 
     episodes: int
+    """Episodes summarised."""
     scored_episodes: int
+    """Episodes without any error (reward statistics cover these)."""
     reward_mean: float
+    """Mean total reward over scored episodes."""
     reward_std: float
+    """Standard deviation of the total reward over scored episodes."""
     rewards: dict[str, float]
+    """Mean of each reward function and metric."""
     pass_at_k: dict[str, float]
+    """`pass@k` -> the unbiased estimate."""
     turns_mean: float
+    """Mean assistant turns per episode."""
     tool_calls_mean: float
+    """Mean `num_tool_calls` per episode (malformed blocks included)."""
     tool_errors: dict[str, int]
+    """Failed tool calls by kind, over all episodes."""
     truncated: int
+    """Episodes a limit cut."""
     stop_reasons: dict[str, int]
+    """Episodes per stop reason."""
     rollout_errors: int
+    """Episodes with a `rollout` or `infra` error."""
     infra_errors: int
+    """Episodes with an `infra` error (retried by `looprl eval --resume`)."""
     scoring_errors: int
+    """Episodes whose reward function raised."""
     error_messages: list[str]
+    """The most frequent error messages, as `Nx kind: message` (at most five)."""
     template_breaks: int
+    """Extra training segments started because a chat template rewrote history."""
     per_env: NotRequired[dict[str, dict[str, Any]]]
+    """A mixture's statistics by member environment."""
     generated_tokens: int
+    """Tokens sampled over all episodes."""
     generated_tokens_mean: float
+    """Tokens sampled per episode."""
     generate_seconds: NotRequired[float]
+    """Seconds spent generating."""
     tokens_per_second: NotRequired[float]
+    """Sampled tokens per second of generation."""
