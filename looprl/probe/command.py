@@ -43,18 +43,18 @@ def register(sub: Any) -> None:
 
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     """Load the environment, probe it, print the table; the exit code `--strict` asks for."""
-    from looprl.cli import parse_overrides
-    from looprl.envs.registry import load_environment
+    from looprl.cli_eval import load_env, parse_overrides
+    from looprl.cli_fields import UsageError
 
     env_kwargs = parse_overrides(extra, "env")["env"]
     if args.tasks < 1:
-        raise SystemExit("error: --tasks must be >= 1")
+        raise UsageError(f"--tasks {args.tasks}", "give at least 1 task per policy")
     if not args.margin >= 0:
-        raise SystemExit("error: --margin must be >= 0")
+        raise UsageError(f"--margin {args.margin}", "give a margin >= 0 (default 0.1)")
     out = Path(args.out) if args.out else _default_out(args.env)
     if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"error: {out} is not empty; choose another --out")
-    env = load_environment(args.env, **env_kwargs)
+        raise UsageError(f"--out {out} is not empty", "choose a new or empty directory")
+    env = load_env(args.env, env_kwargs)
     console.print(f"[bold]looprl probe[/bold] {env.name} · {args.tasks} tasks per policy → {out}")
     start = time.perf_counter()
     result = asyncio.run(
