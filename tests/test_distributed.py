@@ -31,9 +31,9 @@ FAULT = str(HERE / "envs" / "dist_fault.py")
 # 99.99% of weights within 1.5e-7, 26 above 1e-6, the largest 1.3e-5 (1.3% of one step): where a
 # gradient is near 0, Adam's g / sqrt(v) turns float32 summation-order noise into a visible step
 WEIGHT_MAX_DIFF = 5e-5
-# a resumed 2-process run against an uninterrupted one: measured equal to the last bit on CPU
-# (DCP restores weights, AdamW moments, scheduler and RNG exactly); the tolerance only allows
-# for summation-order noise of gloo's all-reduce, should it ever differ between two jobs
+# a resumed 2-process run against an uninterrupted one (DCP restores weights, AdamW moments,
+# scheduler and RNG exactly): measured, the final weights are identical and the largest logged
+# metric difference is 2.7e-8 (float32 summation-order noise in a metric, not in the update)
 RESUME_REL, RESUME_ABS = 1e-6, 1e-7
 VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")
 
@@ -128,7 +128,8 @@ def test_a_killed_job_resumes_from_its_sharded_checkpoint(tmp_path):
         capture_output=True, text=True, env=_env(), timeout=120,
     )  # fmt: skip
     assert one.returncode == 2, one.stdout[-2000:] + one.stderr[-2000:]
-    assert "written by 2 processes" in one.stdout and "--nproc 2 --resume" in one.stdout
+    said = " ".join((one.stdout + one.stderr).split())
+    assert "written by 2 processes" in said and "--nproc 2 --resume" in said
 
     done = _train(killed, "--resume")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -140,6 +141,7 @@ def test_a_killed_job_resumes_from_its_sharded_checkpoint(tmp_path):
         for key in ra:
             if not key.startswith(VOLATILE) and ra[key] != rb[key]:
                 worst = max(worst, abs(ra[key] - rb[key]))
+                print(f"step {ra['step']} {key}: {ra[key]!r} vs {rb[key]!r}")
                 assert rb[key] == pytest.approx(ra[key], rel=RESUME_REL, abs=RESUME_ABS), key
     print(f"resumed vs uninterrupted: largest metric difference {worst:.3g}")
     assert rows_b[3]["grad_norm"] > 0  # real updates after the resume, so equality means something
@@ -149,9 +151,10 @@ def test_a_killed_job_resumes_from_its_sharded_checkpoint(tmp_path):
 
     exported = AutoModelForCausalLM.from_pretrained(killed / "final")
     model, _tok = load_model(str(killed / "final"))
-    final = load_file(straight / "final" / "model.safetensors")
-    for name, tensor in model.state_dict().items():
-        assert torch.allclose(tensor, final[name], atol=RESUME_ABS), name
+    final, loaded = load_file(straight / "final" / "model.safetensors"), model.state_dict()
+    gap = max(float((loaded[name] - tensor).abs().max()) for name, tensor in final.items())
+    print(f"final weights, resumed vs uninterrupted: largest difference {gap:.3g}")
+    assert gap <= RESUME_ABS
     assert exported.config.num_hidden_layers == model.config.num_hidden_layers
 
 
