@@ -160,7 +160,7 @@ def test_a_second_run_into_a_used_directory_is_refused_and_changes_nothing(tmp_p
     (run / "config.json").write_text("the earlier run's config")
     code = main(["train", "--run-dir", str(run), "--model.name", "tiny", "--env.name", LENGTH_ENV])
     assert code == 2
-    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    out = " ".join(capsys.readouterr().err.split())  # one line on stderr
     assert "already holds a training run" in out and "--resume" in out and "--run.name" in out
     assert (run / "config.json").read_text() == "the earlier run's config"
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
