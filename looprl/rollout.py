@@ -26,7 +26,9 @@ class RolloutConfig:
     """Sampling settings shared by every episode of a run."""
 
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    """Sampling settings of every turn (`max_tokens` is lowered to fit the limits)."""
     seed: int = 0
+    """Base of the per-(task, rollout, turn) sampling seeds (`episode_seed`)."""
 
 
 def episode_seed(seed: int, task_id: str, rollout_index: int, turn: int) -> int:

@@ -30,9 +30,13 @@ class RewardSpec:
     """One scoring function with its weight (0 = a metric that is logged but not rewarded)."""
 
     fn: Callable
+    """The function: `fn(episode) -> float`, or `fn(episodes) -> list[float]` for a group."""
     weight: float = 1.0
+    """Its weight in the total reward (0: a logged metric)."""
     name: str = ""
+    """The name it is logged under (default: the function's `__name__`)."""
     group: bool = False
+    """It scores a whole group of rollouts of one task at once."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -50,9 +54,13 @@ class Rubric:
     """
 
     funcs: list[Callable] = field(default_factory=list)
+    """Per-episode functions, `fn(episode: EpisodeResult) -> float` (sync or async)."""
     weights: list[float] | None = None
+    """One weight per function (default: all 1.0; 0 makes a metric)."""
     group_funcs: list[Callable] = field(default_factory=list)
+    """Functions of a task's whole group: `fn(episodes) -> list[float]`."""
     group_weights: list[float] | None = None
+    """One weight per group function (default: all 1.0)."""
 
     def __post_init__(self) -> None:
         weights = self.weights if self.weights is not None else [1.0] * len(self.funcs)

@@ -104,6 +104,19 @@ def test_api_reference_shows_no_empty_docstring():
     assert _builder().undocumented() == []
 
 
+def test_undocumented_lists_bare_functions_and_record_fields(tmp_path, monkeypatch):
+    (tmp_path / "bare_module.py").write_text(
+        '"""A module."""\nfrom dataclasses import dataclass\n\n'
+        "def bare(): pass\n\n"
+        '@dataclass\nclass Rec:\n    """A record."""\n\n    x: int = 0\n    y: int = 0\n    """Why."""\n',
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    build = _builder()
+    monkeypatch.setattr(build, "_is_ours", lambda module: True)
+    assert build.undocumented(("bare_module",)) == ["bare_module.Rec.x", "bare_module.bare"]
+
+
 def test_documented_imports_work():
     from looprl.envs import Limits, ToolEnv, load_environment, split_of  # noqa: F401
     from looprl.evaluation import evaluate, summarize  # noqa: F401

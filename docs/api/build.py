@@ -27,6 +27,7 @@ PUBLIC_MODULES = (
     "looprl.rendering",
     "looprl.rollout",
     "looprl.evaluation",
+    "looprl.engines.base",
     "looprl.engines.scripted",
     "looprl.teachers",
 )
@@ -46,10 +47,11 @@ def build(out: Path, modules: tuple[str, ...] = PUBLIC_MODULES) -> list[Path]:
 
 
 def undocumented(modules: tuple[str, ...] = PUBLIC_MODULES) -> list[str]:
-    """Public names (classes, functions, methods, properties) the reference would show without a docstring.
+    """Public names the reference would show without a docstring.
 
-    Dataclass fields and constants are documented in their class's or module's docstring, so
-    they are not listed.
+    Classes, functions, methods, properties, and the fields of dataclasses and TypedDicts (one
+    attribute docstring each). Module constants and the instance attributes of other classes
+    are described in their module's or class's docstring, so they are not listed.
     """
     import pdoc.doc
 
@@ -68,16 +70,35 @@ def _missing_in(namespace: object) -> list[str]:
     missing: list[str] = []
     members = getattr(namespace, "members", {}).values()
     for member in members:
-        if member.name.startswith("_") or isinstance(member, pdoc.doc.Variable | pdoc.doc.Module):
+        if member.name.startswith("_") or isinstance(member, pdoc.doc.Module):
             continue
-        module, _, qualname = member.taken_from[0], None, member.taken_from[1]
-        if module.split(".")[0] != "looprl":
+        if isinstance(member, pdoc.doc.Variable) and not _is_record(namespace):
+            continue  # constants and instance attributes: described by their module or class
+        module, qualname = member.taken_from
+        if not _is_ours(module):
             continue  # inherited from the standard library or a dependency
         if not member.docstring.strip():
             missing.append(f"{module}.{qualname}")
         if isinstance(member, pdoc.doc.Class):
             missing.extend(_missing_in(member))
     return missing
+
+
+def _is_ours(module: str) -> bool:
+    """The name was defined in looprl (not inherited from the standard library or a dependency)."""
+    return module.split(".")[0] == "looprl"
+
+
+def _is_record(namespace: object) -> bool:
+    """A dataclass or TypedDict: its fields are what the reader looks up, one docstring each."""
+    import dataclasses
+    import typing
+
+    import pdoc.doc
+
+    if not isinstance(namespace, pdoc.doc.Class):
+        return False
+    return dataclasses.is_dataclass(namespace.obj) or typing.is_typeddict(namespace.obj)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,15 @@ class GenerationRequest:
     """
 
     prompt_ids: list[int] | None = None
+    """The exact context as token ids (token-level engines; None otherwise)."""
     messages: list[Message] = field(default_factory=list)
+    """The conversation so far (what a scripted policy or a chat API reads)."""
     tools: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI function schemas of the environment's tools."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    """How to sample this turn."""
     affinity: str = ""
+    """The task id, so an engine with several servers keeps a group on one."""
 
 
 @runtime_checkable

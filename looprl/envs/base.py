@@ -36,9 +36,13 @@ class Limits:
     """
 
     max_turns: int = 6
+    """Assistant turns per episode; the last one's tool calls run but their replies are dropped."""
     max_tokens_per_turn: int = 256
+    """Tokens one turn may sample; reaching it ends the episode (`max_tokens`)."""
     max_context_tokens: int = 2048
+    """Tokens of the whole conversation (token-level engines; `max_context`)."""
     timeout_s: float = 300.0
+    """Wall-clock seconds per episode; past it the episode ends with an `infra` error."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn", "max_context_tokens"):
@@ -58,11 +62,17 @@ class StepOutcome:
     """
 
     messages: list[Message] = field(default_factory=list)
+    """Messages to append after the model's turn (tool replies, a user turn)."""
     done: bool = False
+    """End the episode after this turn."""
     tool_errors: dict[str, int] = field(default_factory=dict)
+    """Failed calls of this turn by kind."""
     num_tool_calls: int = 0
+    """Tool-call blocks of this turn, malformed ones included."""
     infra_errors: list[str] = field(default_factory=list)
+    """Faults that were not the model's (one message each)."""
     tool_outcomes: list[ToolOutcome] = field(default_factory=list)
+    """How each call of the turn went, in order."""
 
 
 class Environment:

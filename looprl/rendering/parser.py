@@ -70,10 +70,15 @@ class ParseError:
     """
 
     kind: str
+    """One of `PARSE_ERROR_KINDS`."""
     message: str
+    """What is wrong, shown to the model."""
     raw: str
+    """The exact block text."""
     id: str = ""
+    """The call id the block was given."""
     name: str = ""
+    """The tool name when it could be read (else "")."""
 
 
 @dataclass
@@ -81,8 +86,11 @@ class ParsedTurn:
     """An assistant turn split into its text (outside tool-call blocks, stripped), calls and errors."""
 
     content: str
+    """The text outside tool-call blocks, stripped."""
     calls: list[ToolCall] = field(default_factory=list)
+    """The well-formed calls, in order."""
     errors: list[ParseError] = field(default_factory=list)
+    """The blocks that could not be parsed."""
 
     def ordered(self) -> list[ToolCall | ParseError]:
         """Calls and errors together, in the order the model wrote them (by `call_N` id)."""

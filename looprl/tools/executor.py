@@ -75,13 +75,21 @@ class ToolResult:
     """
 
     call_id: str
+    """The id of the call answered."""
     name: str
+    """The tool called."""
     content: str
+    """The tool message the model reads."""
     error_kind: str | None = None
+    """None on success, else the failure's kind."""
     seconds: float = 0.0
+    """Wall time of the call."""
     truncated: bool = False
+    """The content was cut to `max_result_chars`."""
     infra: bool = False
+    """The tool, not the model's call, failed."""
     status: str = ""
+    """The tool's own status from a `ToolReply`."""
 
     def to_message(self) -> Message:
         """The tool message answering the call."""
@@ -123,7 +131,9 @@ class ToolReply:
     """
 
     content: str
+    """The text the model reads."""
     status: str = ""
+    """A status of the tool's own, recorded in `ToolOutcome.status`."""
 
 
 class _CallError(Exception):

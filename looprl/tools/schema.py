@@ -49,6 +49,7 @@ class Hidden:
     """
 
     key: str
+    """The episode-state key whose value fills the parameter."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
@@ -60,10 +61,15 @@ class Param:
     """One parameter the model fills: its validator, whether it is required, its default."""
 
     name: str
+    """The parameter's name."""
     annotation: Any
+    """Its type annotation."""
     adapter: TypeAdapter[Any]
+    """The pydantic validator of the model's value."""
     required: bool
+    """The model must give it (no default)."""
     default: Any = None
+    """The default when not required."""
 
 
 @dataclass
@@ -77,13 +83,21 @@ class Tool:
     """
 
     name: str
+    """The name the model calls it by."""
     fn: Callable[..., Any]
+    """The Python function (sync or async)."""
     schema: dict[str, Any]
+    """The OpenAI function schema offered to the model."""
     hidden: dict[str, str] = field(default_factory=dict)
+    """Hidden parameter name -> episode-state key."""
     is_async: bool = False
+    """`fn` is a coroutine function (runs on the event loop, not a thread)."""
     params: dict[str, Param] = field(default_factory=dict, repr=False)
+    """The visible parameters, in signature order."""
     hidden_defaults: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Defaults of the hidden parameters that have one."""
     signature: str = ""
+    """A readable form of the visible signature, shown in error messages."""
 
     @property
     def description(self) -> str:
