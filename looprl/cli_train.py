@@ -120,17 +120,21 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
         raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
     cfg = load_config(args.config, parse_cli_overrides(extra))  # a ConfigError is one line
     check_model(cfg.model.name, "--model.name")
-    if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
-        import subprocess
-
-        return subprocess.call(torchrun_command(args.argv, args.nproc))
-    from looprl.trainer.trainer import Trainer
-
     run_dir = Path(args.run_dir) if args.run_dir else None
     if args.resume and run_dir is None:
         if cfg.run.name is None:
             raise ConfigError("--resume needs a run directory; pass --run-dir DIR or set run.name")
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
+        import subprocess
+
+        if args.resume and run_dir is not None:  # a checkpoint of another N: one line, no launch
+            from looprl.trainer.checkpoint_sharded import check_resume_world
+
+            check_resume_world(run_dir, args.nproc)
+        return subprocess.call(torchrun_command(args.argv, args.nproc))
+    from looprl.trainer.trainer import Trainer
+
     trainer = Trainer(cfg, run_dir=run_dir, resume=args.resume)
     trainer.run()
     return 0
