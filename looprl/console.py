@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -19,7 +21,23 @@ from rich.table import Table
 if TYPE_CHECKING:
     from looprl.types import Summary
 
-console = Console()
+LINE_WIDTH = 120
+"""Columns of looprl's console lines, and the width used when the output is not a terminal."""
+
+
+def _width() -> int | None:
+    """None (the terminal's width) on a terminal; else `$COLUMNS` or LINE_WIDTH, not Rich's 80.
+
+    A log file or a pipe has no width; Rich would wrap at 80 columns, cutting paths and the
+    120-column step lines in two.
+    """
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        return None
+    return LINE_WIDTH
+
+
+console = Console(width=_width())
+"""The console every looprl command prints to (stdout)."""
 
 
 def progress_bar() -> Progress:

@@ -9,6 +9,7 @@ are evaluated on the same held-out tasks so the gain from RL is separated from S
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import shutil
@@ -21,7 +22,7 @@ from rich.table import Table
 from looprl.console import console
 from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
 from looprl.evaluation import Summary
-from looprl.run_eval import EvalConfig, evaluate_and_report
+from looprl.run_eval import EvalConfig, EvalJob, EvalOutcome, eval_job, run_eval
 from looprl.types import Message, ToolCall
 
 
@@ -66,13 +67,35 @@ def teacher_rows(
 def _evaluate(
     model_name: str, out: Path, n: int, r: int, seed: int, temperature: float = 1.0
 ) -> Summary:
-    """Held-out evaluation the way `looprl eval` runs it (fresh output directory); its summary."""
+    """Held-out evaluation the way `looprl eval` runs it (fresh output directory); its summary.
+
+    Prints one line (accuracy, tool use, where the results are) instead of `looprl eval`'s
+    table: the demo's before/after table at the end shows the rest side by side.
+    """
     shutil.rmtree(out, ignore_errors=True)
     cfg = EvalConfig(
         env="calculator", output=out, model=model_name, num_tasks=n, rollouts=r, seed=seed,
         temperature=temperature,
     )  # fmt: skip
-    return evaluate_and_report(cfg).summary
+    outcome = asyncio.run(_run_and_close(eval_job(cfg)))
+    summary = outcome.summary
+    how = "greedy" if temperature == 0 else f"T={temperature:g}, {r} per task"
+    console.print(
+        f"  {how}: accuracy {_accuracy(summary):.3f} · used the tool "
+        f"{summary['rewards'].get('used_tool', float('nan')):.3f} · {summary['episodes']} "
+        f"episodes in {outcome.seconds:.0f}s → {out}",
+        highlight=False,
+    )
+    if outcome.headline:
+        console.print(f"[yellow]{outcome.headline}[/]", highlight=False)
+    return summary
+
+
+async def _run_and_close(job: EvalJob) -> EvalOutcome:
+    try:
+        return await run_eval(job)
+    finally:
+        await job.engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,9 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     t_start = time.perf_counter()
+    console.print(
+        f"[bold]looprl demo[/bold] · calculator · tiny model: SFT on scripted traces → held-out eval"
+        f" → GRPO ({args.rl_steps} steps) → held-out eval → {out}",
+        highlight=False,
+    )
     sft_dir = _sft_phase(args, out)
+    console.rule(f"held-out evaluation after SFT ({args.eval_tasks} tasks)")
     before = _evaluate_both(args, str(sft_dir), out / "eval_before")
     run_dir = _rl_phase(args, out, sft_dir)
+    console.rule(f"held-out evaluation after GRPO ({args.eval_tasks} tasks)")
     after = _evaluate_both(args, str(run_dir / "final"), out / "eval_after")
     _print_before_after(before, after, out, run_dir, time.perf_counter() - t_start)
     return 0
@@ -128,6 +158,7 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     from looprl.rendering.renderer import Renderer
     from looprl.sft import examples_from_rows, sft_train
     from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.logger import format_duration
     from looprl.trainer.setup import seed_everything
 
     env = load_environment()
@@ -155,7 +186,12 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     ]
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
-        console.print(f"sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
+        eta = format_duration(seconds / step * (total - step))
+        console.print(
+            f"sft step {step:>{len(str(total))}}/{total} │ loss {loss:.4f} │ "
+            f"{format_duration(seconds)}, ETA {eta}",
+            highlight=False,
+        )
 
     for title, data in stages:
         examples = examples_from_rows(
@@ -195,7 +231,7 @@ def _print_before_after(
     run_dir: Path,
     seconds: float,
 ) -> None:
-    table = Table(title="looprl demo: calculator, tiny model, held-out tasks")
+    table = Table(title="held-out calculator tasks")
     table.add_column("metric")
     table.add_column("after SFT", justify="right")
     table.add_column("after GRPO", justify="right")
@@ -219,7 +255,8 @@ def _print_before_after(
     sampled = _accuracy(after["sampled"]) - _accuracy(before["sampled"])
     console.print(
         f"accuracy gain from RL: {greedy * 100:+.1f} points greedy, {sampled * 100:+.1f} sampled"
-        f"  (total demo time {seconds / 60:.1f} min)"
+        f" (demo time {seconds / 60:.1f} min)",
+        highlight=False,
     )
     console.print(
         f"run: {run_dir}\nplot: {run_dir / 'plots' / 'curves.png'}\nrollouts: {run_dir / 'rollouts'}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rich.console import Console
 from rich.markup import escape
 
+from looprl.console import LINE_WIDTH  # step lines fit in it; parts that would not are left out
 from looprl.files import write_text_atomically
 from looprl.types import EpisodeResult
 
@@ -29,8 +30,6 @@ ROLLOUTS_DIR = "rollouts"
 RESERVED = ("step", "wall_time")
 _ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
-LINE_WIDTH = 120
-"""The console lines fit this many columns: parts that would not fit are left out."""
 SEP = " │ "
 
 # (key, console label, format) of the optional metrics on the step line, most wanted first;
@@ -211,9 +210,9 @@ def format_line(
         text = f"reward {mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
         parts.append(_Part(text, "bold green", -1))
     parts += _step_parts(row)
-    clock = _duration(row["wall_time"]) if row.get("wall_time") is not None else ""
+    clock = format_duration(row["wall_time"]) if row.get("wall_time") is not None else ""
     if eta_s is not None:
-        clock += f"{', ' if clock else ''}ETA {_duration(eta_s)}"
+        clock += f"{', ' if clock else ''}ETA {format_duration(eta_s)}"
     if clock:
         parts.append(_Part(clock, "dim", -1))
     return _fit(parts, width)
@@ -278,8 +277,8 @@ def _fit(parts: list[_Part], width: int) -> str:
     )
 
 
-def _duration(seconds: float) -> str:
-    """`42s`, `12m05s` or `3h07m`."""
+def format_duration(seconds: float) -> str:
+    """A number of seconds as `42s`, `12m05s` or `3h07m`."""
     s = max(0, round(float(seconds)))
     if s < 60:
         return f"{s}s"
