@@ -24,12 +24,7 @@ ErrorKind = Literal["infra", "rollout", "scoring"]
 
 
 class EpisodeError(TypedDict):
-    """One error recorded on an episode (a plain dict in files, typed in code).
-
-    `kind` says whose fault it was: `infra` (the engine, a server, a hung tool, the wall-clock
-    limit: the episode is retried by `looprl eval --resume`), `rollout` (the environment failed
-    or the episode could not start), `scoring` (a reward function raised; `function` names it).
-    """
+    """One error recorded on an episode (a plain dict in files); `EpisodeResult` says each kind."""
 
     kind: ErrorKind
     """Whose fault: `infra`, `rollout` or `scoring`."""
@@ -41,11 +36,7 @@ class EpisodeError(TypedDict):
 
 @dataclass
 class ToolCall:
-    """One call the model asked for.
-
-    `arguments` is the parsed JSON object; `raw` is the exact text the model wrote for the call
-    (kept so malformed calls can be shown and counted). `id` links the call to its tool message.
-    """
+    """One call the model asked for."""
 
     name: str
     """The tool the model named."""
@@ -54,7 +45,7 @@ class ToolCall:
     id: str = ""
     """Links the call to the tool message that answers it (`call_0`, ...)."""
     raw: str = ""
-    """The exact text the model wrote for this call."""
+    """The exact text the model wrote for this call (to show and count bad calls)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -76,22 +67,16 @@ class ToolCall:
 
 @dataclass
 class ToolOutcome:
-    """How one tool call went, recorded on the episode for rubrics and metrics.
-
-    `error_kind` is None for a call that ran, else the kind (`looprl.tools.ERROR_KINDS`, or the
-    tool's own kind from a `ToolError`); `status` is what the tool reported of its own work (a
-    sandbox's `ok`, `error`, `timeout`, `sandbox_error`...; empty when it reports nothing);
-    `infra` is True when the tool, not the model's call, failed.
-    """
+    """How one tool call went, recorded on the episode for rubrics and metrics."""
 
     name: str
     """The tool called (as the model wrote it)."""
     call_id: str = ""
     """The id of the call this outcome answers."""
     error_kind: str | None = None
-    """None when the call ran; else an executor kind or the tool's own `ToolError` kind."""
+    """None when the call ran; else a `looprl.tools.ERROR_KINDS` kind or a `ToolError`'s kind."""
     status: str = ""
-    """The tool's own status from a `ToolReply` ("" when it reports none)."""
+    """The tool's own status from a `ToolReply` (a sandbox's `ok`, `timeout`...; "" if none)."""
     seconds: float = 0.0
     """Wall time of the call."""
     truncated: bool = False
@@ -116,12 +101,7 @@ class ToolOutcome:
 
 @dataclass
 class Message:
-    """One chat message.
-
-    For an assistant message, `content` is the text outside tool-call blocks and `tool_calls` the
-    parsed calls; `raw` is the exact decoded text the model sampled (empty for other roles).
-    For a tool message, `tool_call_id` and `name` say which call it answers.
-    """
+    """One chat message (the fields below say which apply to which role)."""
 
     role: Role
     """`system`, `user`, `assistant` or `tool`."""
@@ -178,14 +158,10 @@ class Message:
 
 @dataclass
 class Task:
-    """One row of work: a prompt (chat messages), an optional reference answer, free-form info.
-
-    `id` is stable across runs (used for resume, grouping and comparing steps); `env` names the
-    environment the task belongs to (for mixtures).
-    """
+    """One row of work: a prompt (chat messages), an optional reference answer, free-form info."""
 
     id: str
-    """Stable id: seeds sampling, groups rollouts, matches tasks across runs."""
+    """Stable across runs: seeds sampling, groups rollouts, resumes, compares steps."""
     prompt: list[Message]
     """The chat messages the episode starts from (system prompt included)."""
     answer: str | None = None
@@ -226,17 +202,14 @@ class Task:
 class Trajectory:
     """One training segment: flat token ids with per-token mask, sampling logprob and turn index.
 
-    All lists have the same length T. `mask[i]` is 1 when token i was sampled by the policy (and
-    is trained on), 0 for prompt, tool output, user turns and template glue. `logprobs[i]` is the
-    sampler's log-probability of token i (0.0 where mask is 0). `turns[i]` is the assistant turn
-    (0-based) the token belongs to or follows. An episode usually has one segment; a chat template
-    that rewrites history starts another (see `looprl.rendering.renderer`).
+    All lists have the same length T. An episode usually has one segment; a chat template that
+    rewrites history starts another (see `looprl.rendering.renderer`).
     """
 
     token_ids: list[int] = field(default_factory=list)
     """The segment's tokens, prompt and completions, in order: (T,)."""
     mask: list[int] = field(default_factory=list)
-    """1 on tokens the policy sampled (trained), 0 elsewhere: (T,)."""
+    """1 on tokens the policy sampled (trained); 0 on prompt, tool, user and template tokens: (T,)."""
     logprobs: list[float] = field(default_factory=list)
     """The sampler's log-probability of each sampled token, 0.0 where mask is 0: (T,)."""
     turns: list[int] = field(default_factory=list)
@@ -458,18 +431,12 @@ class SamplingParams:
 
 @dataclass
 class Generation:
-    """What an engine returns for one request.
-
-    `token_ids` and `logprobs` are the sampled tokens (including a stop token if one ended the
-    turn) and their sampling log-probabilities; both are empty for message-level engines, which
-    return only `text` (and possibly structured `tool_calls`). `finish_reason` is `stop`,
-    `length` or `error` (then `error` holds the message).
-    """
+    """What an engine returns for one request (message-level engines fill only the text fields)."""
 
     text: str
     """The sampled text."""
     token_ids: list[int] = field(default_factory=list)
-    """The sampled token ids (token-level engines; empty otherwise)."""
+    """The sampled ids, a stop token included if one ended the turn (empty: message-level)."""
     logprobs: list[float] = field(default_factory=list)
     """The sampling log-probability of each sampled token."""
     finish_reason: FinishReason = "stop"
@@ -485,10 +452,6 @@ class Generation:
 class Summary(TypedDict):
     """Statistics of a set of episodes (an evaluation or a training batch), as `summarize` makes them.
 
-    Reward statistics cover the `scored_episodes` (no error of any kind); `rewards` holds the
-    mean of each reward function and metric; `pass_at_k` maps `pass@k` to the unbiased
-    estimate; the error counts are episodes (`rollout_errors` includes `infra_errors`);
-    `tool_errors` counts failed calls by kind; `per_env` splits a mixture by environment.
     Turned into training metrics by `looprl.trainer.metrics`, into the console table by
     `looprl.console.summary_table`, and saved in `metadata.json` for the viewer.
     """
@@ -516,7 +479,7 @@ class Summary(TypedDict):
     stop_reasons: dict[str, int]
     """Episodes per stop reason."""
     rollout_errors: int
-    """Episodes with a `rollout` or `infra` error."""
+    """Episodes with a `rollout` or `infra` error (so `infra_errors` is a part of it)."""
     infra_errors: int
     """Episodes with an `infra` error (retried by `looprl eval --resume`)."""
     scoring_errors: int
