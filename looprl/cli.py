@@ -102,7 +102,13 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _check_command(plain: list[str], commands: dict[str, Parser]) -> None:
-    """An unknown command is a one-line error with the nearest command."""
+    """An unknown command (or an option before any command) is a one-line error with the fix."""
+    if plain and plain[0].startswith("-") and plain[0] not in ("-h", "--help", "--version"):
+        hint = did_you_mean(plain[0], ["--help", "--version"])
+        raise UsageError(
+            f"unrecognized argument {plain[0]}",
+            hint or "options follow the command: looprl COMMAND [OPTIONS] (see looprl --help)",
+        )
     first = next((a for a in plain if not a.startswith("-")), None)
     if first is not None and first not in commands and not plain[0].startswith("-"):
         hint = did_you_mean(first, list(commands))

@@ -43,6 +43,7 @@ def in_tmp(tmp_path, monkeypatch):
         (["eval", "calculator", "--engine.kind", "sglang"], ["--engine.kind sglang", "torch"]),
         (["eval", "calculator", "--api-key-var", "LOOPRL_NO_SUCH_VAR"], ["LOOPRL_NO_SUCH_VAR"]),
         (["evl", "calculator"], ["unknown command 'evl'", "did you mean eval?"]),
+        (["--verson"], ["--verson", "did you mean --version?"]),
         (["train", "--model.name", "nosuch"], ["--model.name nosuch", "unknown model"]),
         (["train", "--trainer.stepz", "3"], ["trainer.stepz", "did you mean --trainer.steps?"]),
         (["train", "--bogus"], ["--bogus", "looprl train --help"]),
