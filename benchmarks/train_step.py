@@ -7,13 +7,21 @@ whose groups disagree (a warm-started one such as `runs/demo/sft`) to time the u
 
     .venv/bin/python -m benchmarks.train_step --models runs/demo/sft smollm2-135m --steps 4
     .venv/bin/python -m benchmarks.train_step --quick          # smoke-sized
+
+`--nproc 1 2` instead times `looprl train --nproc N` (torchrun and FSDP2 for N > 1, each
+process with `--threads` threads) and prints one row per model and N: seconds per step, its
+generate / train / sync split (rank 0's clock; the batch is split over the ranks) and the
+job's trained tokens/s (the whole batch's forwarded tokens over the train seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,6 +56,54 @@ def run(
     return rows, model_flops_per_token(trainer.engine_model)
 
 
+def run_processes(
+    model: str, nproc: int, threads: int, args: argparse.Namespace, out: Path
+) -> list[dict]:
+    """`looprl train --nproc N` in a subprocess (each process `threads` threads); its metric rows."""
+    run_dir = out / f"{Path(model).name}-n{nproc}"
+    cmd = [sys.executable, "-m", "looprl", "train", "--nproc", str(nproc), "--run-dir", str(run_dir),
+           "--model.name", model, "--model.lora", str(args.lora).lower(),
+           "--trainer.steps", str(args.steps), "--trainer.eval_every", "0",
+           "--trainer.eval_tasks", "1", "--trainer.save_every", str(args.steps),
+           "--trainer.save_rollouts", "0", "--rollout.tasks_per_step", str(args.tasks),
+           "--rollout.rollouts_per_task", str(args.rollouts), "--run.tensorboard", "false"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(
+            f"looprl train --nproc {nproc} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def nproc_table(args: argparse.Namespace) -> Table:
+    """One row per model and process count: step seconds, their split, trained tokens/s."""
+    load = os.getloadavg()[0]
+    table = Table(
+        title=f"GRPO step under looprl train --nproc N ({args.tasks} tasks x {args.rollouts} "
+        f"rollouts, {args.threads} thread(s) per process, load {load:.1f} at start)"
+    )
+    cols = ("model", "N", "s / step", "generate s", "train s", "sync s", "train tok/s",
+            "forwarded tokens")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="right")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            for n in args.nproc:
+                rows = run_processes(model, n, args.threads, args, Path(tmp))
+                rows = rows[1:] if len(rows) > 1 else rows  # the first step warms caches up
+                total = [
+                    r["time/generate"] + r["time/score"] + r["time/train"] + r["time/sync"]
+                    for r in rows
+                ]
+                table.add_row(
+                    model, str(n), fmt(total), fmt([r["time/generate"] for r in rows]),
+                    fmt([r["time/train"] for r in rows]), fmt([r["time/sync"] for r in rows]),
+                    fmt([r["train_tokens_per_s"] for r in rows]), fmt([r["forward_tokens"] for r in rows]),
+                )  # fmt: skip
+    return table
+
+
 def fmt(values: list[float]) -> str:
     """median (min-max)."""
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
@@ -66,9 +122,19 @@ def main() -> None:
     p.add_argument(
         "--quick", action="store_true", help="2 steps of 2x2 rollouts on tiny (smoke test)"
     )
+    p.add_argument(
+        "--nproc", type=int, nargs="+", default=None,
+        help="time looprl train --nproc N for each N given (torchrun + FSDP2 when N > 1)",
+    )  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="threads per process with --nproc")
     args = p.parse_args()
     if args.quick:
         args.models, args.steps, args.tasks, args.rollouts = ["tiny"], 2, 2, 2
+    if args.nproc:
+        if min(args.nproc) < 1 or args.threads < 1:
+            raise SystemExit("error: --nproc and --threads take numbers >= 1")
+        console.print(nproc_table(args))
+        return
     table = Table(
         title=f"GRPO step on calculator ({args.tasks} tasks x {args.rollouts} rollouts, {torch.get_num_threads()} threads)"
     )
