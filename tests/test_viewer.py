@@ -88,9 +88,9 @@ def test_runs_metrics_and_config(server, run):
     m = get(url, "api/metrics?run=runA&since=0")
     assert len(m["rows"]) == 8 and m["next"] == 8
     assert m["rows"][0]["step"] == 1 and "reward/mean" in m["rows"][0]
-    assert "eval/accuracy" in m["rows"][3] and "eval/accuracy" not in m["rows"][0]
+    assert "eval/pass@1" in m["rows"][3] and "eval/pass@1" not in m["rows"][0]
     assert get(url, "api/metrics?run=runA&since=6")["rows"][0]["step"] == 7
-    assert get(url, "api/config?run=runA")["config"]["trainer"]["steps"] == 8
+    assert get(url, "api/config?run=runA")["config"]["config"]["trainer"]["steps"] == 8
 
 
 def test_rollout_filters_and_paging(server, run):

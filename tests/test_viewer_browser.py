@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from looprl.viewer import start_server
-from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_hostile_run, write_run
+from looprl.viewer.synthetic import (
+    build_tokenizer,
+    hf_encoder,
+    write_demo,
+    write_hostile_run,
+    write_run,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -112,7 +118,7 @@ def check_curves(page, runs_dir: Path, shots: Path) -> None:
     assert colour_count(page, "reward", "#2f6fde") > 100  # alpha
     assert colour_count(page, "reward", "#e0533d") > 100  # beta
     titles = page.eval_on_selector_all(".chart h3", "els => els.map(e => e.textContent)")
-    assert titles[:3] == ["reward", "eval", "kl"] and "time" in titles
+    assert titles[:2] == ["reward", "eval"] and "kl" in titles and "time" in titles
     page.screenshot(path=str(shots / "curves.png"), full_page=True)
     page.select_option("#xaxis", "wall_time")
     assert page.evaluate("LV.app.state.charts.kl.xKind") == "wall_time"
@@ -156,17 +162,20 @@ def check_rollouts(page, runs_dir: Path, shots: Path) -> None:
 
 
 def check_compare(page, shots: Path) -> None:
-    """Same task at two steps side by side."""
-    clicked = page.inner_text("#episode .ep-head .muted")  # "env · train step N · rollout #k"
+    """A training episode's compare button opens the held-out grid; a cell puts that eval step
+    beside the latest one for the same task."""
     page.click("#episode .compare-btn")
+    page.wait_for_selector("#grid td.cell")
+    heads = page.eval_on_selector_all("#grid th", "els => els.map(e => e.textContent)")
+    assert heads == ["task", "step 4", "step 8", "step 12", "Δ"]
+    page.click("#grid tr:nth-child(3) td.cell[data-step='4']")
     page.wait_for_selector("#side-a .ep-head")
     page.wait_for_selector("#side-b .ep-head")
-    a = page.input_value("#side-a .c-step")
-    b = page.input_value("#side-b .c-step")
-    assert int(a) < int(b) == 13
+    assert (
+        page.input_value("#side-a .c-step") == "4" and page.input_value("#side-b .c-step") == "12"
+    )
     task = page.input_value("#c-task")
-    assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == task
-    assert page.inner_text("#side-a .ep-head .muted") == clicked
+    assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == task == "task-0001"
     page.screenshot(path=str(shots / "compare.png"), full_page=True)
 
 
@@ -210,7 +219,7 @@ def test_hostile_fields_show_as_text(hostile_dir: Path, shots: Path):
             check_hostile_episode(page, shots)
             assert page.evaluate("window.__xss") is None
             assert page.evaluate("document.querySelectorAll('img').length") == 0
-            assert page.evaluate("document.querySelectorAll('script').length") == 5  # ours
+            assert page.evaluate("document.querySelectorAll('script').length") == 7  # ours
             browser.close()
     finally:
         srv.close()
@@ -262,3 +271,131 @@ def check_hostile_episode(page, shots: Path) -> None:
     page.wait_for_selector("#tooltip:not([hidden])")
     assert "logprob" in page.inner_text("#tooltip")
     page.screenshot(path=str(shots / "hostile-tokens.png"), full_page=True)
+
+
+def open_page(p, url: str, errors: list[str]):
+    """A Chromium page on `url` that records page errors."""
+    browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    return browser, page
+
+
+def test_issue18_fixes_in_chromium(tmp_path: Path, shots: Path):
+    """Sections, constants folded, eval rates apart from counts, ticks, resize while hidden,
+    monitor badges and marks, before/after evals, previews, advantage, malformed-call turns,
+    the held-out compare grid and the probe table, on the synthetic demo folder."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    demo = write_demo(tmp_path / "runs")
+    srv, url = start_server([demo])
+    errors: list[str] = []
+    try:
+        with sync_api.sync_playwright() as p:
+            browser, page = open_page(p, url, errors)
+            check_sections_and_axes(page, shots)
+            check_resize_on_another_tab(page)
+            check_episode_insights(page, shots)
+            check_eval_grid(page, shots)
+            check_probe(page, shots)
+            browser.close()
+    finally:
+        srv.close()
+    assert not errors, errors
+    for name in ("sections", "advantage", "malformed", "grid", "probe"):
+        check_png(shots / f"{name}.png")
+
+
+def check_sections_and_axes(page, shots: Path) -> None:
+    page.wait_for_function("LV.app.state.charts.eval && LV.app.state.charts['eval/gen_tokens']")
+    sections = page.eval_on_selector_all(
+        "details.section", "els => els.map(e => e.dataset.section)"
+    )
+    assert sections[:3] == ["reward", "eval", "monitors"] and "update" in sections
+    assert page.get_attribute("details.section[data-section=update]", "open") is None  # folded
+    # constants folded away behind a toggle: lr and rollout_errors never change
+    toggle = page.locator("details[data-section=update] .const-toggle")
+    assert toggle.text_content() == "1 constant series hidden"
+    assert "lr = 1.00e-4" in page.text_content("details[data-section=update] .constants")
+    assert "lr" not in page.evaluate("Object.keys(LV.app.state.charts)")
+    # the eval chart holds rates only (y axis [0, 1]); token counts get their own chart
+    labels = page.evaluate("LV.app.state.charts.eval.series.map(s => s.label)")
+    assert "eval/pass@1" in labels and not any("gen_tokens" in x for x in labels)
+    assert page.evaluate("LV.app.state.charts.eval.f.y0 <= 0 && LV.app.state.charts.eval.f.y1 >= 1")
+    # before/after evals are diamonds on the eval charts; eval steps and monitor trips are marks
+    assert {"eval_before (before eval)", "eval_after (after eval)"} <= set(labels)
+    marks = page.evaluate("LV.app.state.charts.eval.marks.map(m => m.label).filter(Boolean)")
+    assert marks == ["⚑ reward_up_eval_down", "⚑ length_blowup"]
+    assert page.evaluate("LV.app.state.charts.eval.colorCount('#c8372d')") > 20
+    assert "reward_up_eval_down @ step 14" in page.inner_text("#run-toggles label[data-run=grpo]")
+    assert "length_blowup @ step 17" in page.inner_text("#monitor-banner")
+    # tick labels: zero is "0", tiny spacings use exponents
+    assert page.evaluate("LV.charts.fmtTick(0, 1e-9)") == "0"
+    assert page.evaluate("LV.charts.fmtTick(5e-10, 5e-10)") == "5e-10"
+    assert page.evaluate("LV.charts.fmtTick(0.25, 0.05)") == "0.25"
+    assert page.evaluate("LV.charts.fmtTick(0.25, 0.25)") == "0.25"  # not 0.3
+    assert page.evaluate("LV.charts.fmtTick(40, 2.5)") == "40.0"
+    page.click("details[data-section=update] > summary")
+    page.wait_for_function("LV.app.state.charts.pg_loss.canvas.clientHeight > 0")
+    page.screenshot(path=str(shots / "sections.png"), full_page=True)
+
+
+def check_resize_on_another_tab(page) -> None:
+    page.click("#tabs button[data-tab=rollouts]")
+    page.set_viewport_size({"width": 900, "height": 700})
+    page.wait_for_timeout(300)
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.click("#tabs button[data-tab=curves]")
+    page.wait_for_function("LV.app.state.charts.reward.canvas.clientHeight === 220")
+    page.wait_for_function("LV.app.state.charts.reward.canvas.height > 100")
+    assert page.evaluate("LV.app.state.charts.reward.colorCount('#2f6fde')") > 50
+
+
+def check_episode_insights(page, shots: Path) -> None:
+    page.click("#tabs button[data-tab=rollouts]")
+    page.wait_for_selector("#rollouts tbody tr td.preview")
+    assert page.inner_text("#rollouts tbody tr:first-child .p-prompt") == "What is 3 * 7 + 0?"
+    page.click("#rollouts tbody tr:nth-child(2)")
+    page.wait_for_selector("#episode .group", timeout=30_000)
+    group = page.inner_text("#episode .group")
+    assert "advantage:" in group and "grpo · group_normalized" in group
+    assert page.locator("#episode .group .chip").count() == 4
+    assert page.locator("#episode .group .chip.me").count() == 1
+    page.screenshot(path=str(shots / "advantage.png"), full_page=True)
+    row = page.evaluate(  # an episode whose first turn is a malformed call (from the synthetic run)
+        """LV.rollouts.state.items.findIndex(it => (it.tool_errors || {}).malformed_json)"""
+    )
+    assert row >= 0
+    page.click(f"#rollouts tbody tr:nth-child({row + 1})")
+    page.wait_for_selector("#episode .bad-call")
+    bad = page.inner_text("#episode .bad-call")
+    assert "malformed_json" in bad and '<tool_call>{"name": "calculator"' in bad
+    assert "invalid JSON" in bad
+    page.screenshot(path=str(shots / "malformed.png"), full_page=True)
+
+
+def check_eval_grid(page, shots: Path) -> None:
+    page.click("#episode .compare-btn")  # a training episode: the held-out eval grid
+    page.wait_for_selector("#grid td.cell")
+    heads = page.eval_on_selector_all("#grid th", "els => els.map(e => e.textContent)")
+    assert heads == ["task", "step 0", "step 5", "step 10", "step 15", "step 20", "Δ"]
+    page.click("#grid tr:nth-child(2) td.cell[data-step='5']")
+    page.wait_for_selector("#side-b .ep-head")
+    assert (
+        page.input_value("#side-a .c-step") == "5" and page.input_value("#side-b .c-step") == "20"
+    )
+    assert page.inner_text("#side-a h2") == page.inner_text("#side-b h2") == "task-0000"
+    page.screenshot(path=str(shots / "grid.png"), full_page=True)
+
+
+def check_probe(page, shots: Path) -> None:
+    page.click("#tabs button[data-tab=probe]")
+    page.wait_for_selector("#exploits tr[data-exploit]")
+    assert page.inner_text("#exploits tr[data-exploit=many_candidates] .verdict") == "exploitable"
+    assert "--strict fails" in page.inner_text("#p-head")
+    page.click("#exploits tr[data-exploit=many_candidates]")
+    page.wait_for_function("document.querySelector('#p-info').textContent.includes('4 episodes')")
+    page.click("#p-episodes tbody tr:first-child")
+    page.wait_for_selector("#p-episode .ep-head")
+    assert "[many_candidates]" in page.inner_text("#p-episode")
+    page.screenshot(path=str(shots / "probe.png"), full_page=True)

@@ -5,7 +5,7 @@ window.LV = window.LV || {};
 LV.app = (() => {
   const $ = (id) => document.getElementById(id);
   const POLL_MS = 2000;
-  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, sections: {}, sectionCount: 0, dirty: true, polling: false };
+  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, sections: {}, dirty: true, polling: false };
 
   function showTab(name) {
     for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === name);
@@ -144,7 +144,7 @@ LV.app = (() => {
     const vals = Object.fromEntries(keys.map((k) => [k, valuesOf(k, runs)]));
     const rates = keys.filter((k) => isRate(vals[k]));
     const counts = keys.filter((k) => !rates.includes(k) && Math.max(...vals[k].map(Math.abs)) > 1.5);
-    if (!rates.length || !counts.length) return [[g, keys, false]];
+    if (!rates.length || !counts.length || g === "reward" || g === "env") return [[g, keys, false]]; // rewards share a scale
     const rest = keys.filter((k) => !counts.includes(k));
     return [[g, rest, rest.every((k) => rates.includes(k))], ...counts.map((k) => [k, [k], false])];
   }
@@ -207,12 +207,12 @@ LV.app = (() => {
     return [...keys].sort().filter((k) => !filt || k.toLowerCase().includes(filt));
   }
 
-  function section(name) {
+  function section(name, only) {
     let sec = st.sections[name];
     if (!sec) {
       const grid = LV.el("div", { class: "charts" }), consts = LV.el("div", { class: "constants", hidden: true });
       const toggle = LV.el("button", { type: "button", class: "const-toggle", onclick: () => { consts.hidden = !consts.hidden; } });
-      const el = LV.el("details", { class: "section", "data-section": name, open: OPEN_BY_DEFAULT.has(name) || st.sectionCount < 1 },
+      const el = LV.el("details", { class: "section", "data-section": name, open: OPEN_BY_DEFAULT.has(name) || only },
         LV.el("summary", {}, LV.el("span", { class: "sec-name" }, name), LV.el("span", { class: "muted sec-count" })), grid, toggle, consts);
       sec = st.sections[name] = { el, grid, consts, toggle };
     }
@@ -236,7 +236,7 @@ LV.app = (() => {
     const names = [...bySection.keys()].sort((a, b) => sectionRank(a) - sectionRank(b) || a.localeCompare(b));
     const box = $("charts"), marks = marksFor(runs, xaxis), seen = new Set();
     for (const name of names) {
-      const data = bySection.get(name), sec = section(name);
+      const data = bySection.get(name), sec = section(name, names.length === 1);
       box.append(sec.el);
       let n = 0;
       for (const [g, keys] of data.groups) {
@@ -250,7 +250,6 @@ LV.app = (() => {
       renderConstants(sec, data.constants);
       sec.el.querySelector(".sec-count").textContent = ` ${n} chart${n === 1 ? "" : "s"}` + (data.constants.length ? ` · ${data.constants.length} constant` : "");
     }
-    st.sectionCount = names.length;
     for (const t of Object.keys(st.charts)) if (!seen.has(t)) { st.charts[t].el.remove(); delete st.charts[t]; }
     for (const n of Object.keys(st.sections)) if (!bySection.has(n)) { st.sections[n].el.remove(); delete st.sections[n]; }
     renderBadges(runs);

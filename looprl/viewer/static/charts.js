@@ -25,7 +25,8 @@ LV.charts = (() => {
       const digits = Math.max(0, Math.min(4, Math.floor(Math.log10(Math.abs(v))) - Math.floor(Math.log10(step) + 1e-9)));
       return v.toExponential(digits).replace("e+", "e");
     }
-    const dec = Math.max(0, Math.min(8, -Math.floor(Math.log10(step) + 1e-9)));
+    let dec = 0; // the fewest decimals that write the spacing exactly (0.25 needs 2, not 1)
+    while (dec < 8 && Math.abs(Math.round(step * 10 ** dec) - step * 10 ** dec) > 1e-6) dec += 1;
     return v.toFixed(dec);
   }
 
