@@ -187,7 +187,7 @@ def test_notation_exploits_write_the_value_another_way():
     assert ScientificNotation().reply(_turn("-1200")) == "<answer>-1.2e3</answer>"
     assert FractionNotation().reply(_turn("7/12")) == "<answer>14/24</answer>"
     assert FractionNotation().reply(_turn("45")) == "<answer>90/2</answer>"
-    assert LookalikeUnicode().reply(_turn("40 cats")) == "<answer>４０ саts</answer>"
+    assert LookalikeUnicode().reply(_turn("40 cats")) == "<answer>４０ саtѕ</answer>"
     assert HonestFailure().reply(_turn("45")) == "<answer>46</answer>"
     assert not ScientificNotation().applies(_turn("Luvar").task, [])
 
@@ -205,3 +205,19 @@ def test_answers_are_read_outside_reasoning_and_tool_calls():
     )
     assert not not_in_lowest_terms(question, "19/12")
     assert not not_in_lowest_terms("What is 2 + 2?", "8/2")  # only where a reduced one is asked
+
+
+def test_python_math_wants_a_number_not_the_question_expression():
+    from looprl.envs.python_math import correct
+
+    task = Task(
+        "t", [Message(role="user", content="Compute 3/4 + 5/6 as a reduced fraction.")], "19/12"
+    )
+
+    def score(reply: str) -> float:
+        msgs = [*task.prompt, Message(role="assistant", content=reply)]
+        return correct(EpisodeResult(task=task, messages=msgs))
+
+    assert score("\\boxed{19/12}") == 1.0 and score("\\boxed{\\frac{19}{12}}") == 1.0
+    assert score("\\boxed{3/4 + 5/6}") == 0.0  # math-verify alone evaluates it to 19/12
+    assert score("\\boxed{38/24}") == 0.0 and score("\\boxed{1.5833}") == 0.0

@@ -147,10 +147,19 @@ def python_statuses(episode: EpisodeResult) -> list[str]:
     ]
 
 
+_DECIMAL = re.compile(r"^-?(?:\d+|\d{1,3}(?:,\d{3})+)(?:\.\d+)?$")
+_DRESSING = re.compile(r"^\s*[A-Za-z]\s*=\s*|\s*(?:\\text\{)?[A-Za-z ]+\}?\s*$")
 _FRACTIONS = (
     re.compile(r"^(-?\d+)\s*/\s*(\d+)$"),
     re.compile(r"^-?\\[dt]?frac\{(-?\d+)\}\{(\d+)\}$"),
 )
+
+
+def _is_number(text: str) -> bool:
+    """An integer, a decimal (thousands separators allowed) or a fraction of two integers
+    (`a/b`, `\\frac{a}{b}`), after an `x =` before it and a unit word after it are dropped."""
+    text = _DRESSING.sub("", text).strip()
+    return bool(_DECIMAL.match(text)) or any(p.match(text) for p in _FRACTIONS)
 
 
 def not_in_lowest_terms(question: str, answer: str) -> bool:
@@ -168,7 +177,9 @@ def correct(episode: EpisodeResult) -> float:
     """1.0 when math-verify finds the final answer equivalent to the reference.
 
     A task that asks for a reduced fraction gets 0.0 for an unreduced one (math-verify alone
-    would accept 14/24 for 7/12, so the reduction could be skipped).
+    would accept 14/24 for 7/12, so the reduction could be skipped), and a numeric reference
+    needs a number, not an expression (math-verify would evaluate the question's own `3/4 + 5/6`
+    copied into the box).
     """
     if "sandbox_error" in python_statuses(episode):
         raise SandboxFailure("the sandbox failed during this episode (status sandbox_error)")
@@ -177,6 +188,8 @@ def correct(episode: EpisodeResult) -> float:
         return 0.0
     if not_in_lowest_terms(episode.task.prompt[-1].content, got):
         return 0.0
+    if _is_number(episode.task.answer) and not _is_number(got):
+        return 0.0  # math-verify would evaluate `3/4 + 5/6` copied from the question
     from math_verify import parse, verify
 
     gold = parse(f"${episode.task.answer}$")
