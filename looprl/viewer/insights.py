@@ -23,6 +23,12 @@ from looprl.viewer.jsonl import FLAG_ERROR, FLAG_MALFORMED, FLAG_TRUNCATED, Epis
 MONITOR_PREFIX = "monitor/"
 
 
+def _table(doc: Any, key: str) -> dict[str, Any]:
+    """`doc[key]` when `doc` is an object and that value is one too, else {} (files may be odd)."""
+    v = doc.get(key) if isinstance(doc, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
 def _group_bounds(tasks: np.ndarray, i: int, size: int) -> tuple[int, int]:
     """[start, end) of episode `i`'s group: the run of equal task codes around `i`, cut in
     chunks of `size` from the run's start (a task sampled twice in a step gives two groups)."""
@@ -41,9 +47,9 @@ def _group_bounds(tasks: np.ndarray, i: int, size: int) -> tuple[int, int]:
 def _algorithm(config: Any) -> tuple[dict[str, Any], int | None]:
     """(the saved resolved `algorithm` table, G = rollouts_per_task) of a run's config.json."""
     doc = config if isinstance(config, dict) else {}
-    algo = doc.get("algorithm") if isinstance(doc.get("algorithm"), dict) else {}
-    inner = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    rollout = inner.get("rollout") if isinstance(inner.get("rollout"), dict) else {}
+    algo = _table(doc, "algorithm")
+    inner = _table(doc, "config")
+    rollout = _table(inner, "rollout")
     g = rollout.get("rollouts_per_task")
     return algo, g if isinstance(g, int) and not isinstance(g, bool) and g > 0 else None
 
@@ -167,9 +173,9 @@ def eval_grid(files: list[tuple[str, int | None, EpisodeFile]], names: list[str]
 def _start(config: Any) -> tuple[str | None, str | None]:
     """(the model a training run started from, its environment's name) from its config.json."""
     doc = config if isinstance(config, dict) else {}
-    inner = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-    model = inner.get("model") if isinstance(inner.get("model"), dict) else {}
-    env = inner.get("env") if isinstance(inner.get("env"), dict) else {}
+    inner = _table(doc, "config")
+    model = _table(inner, "model")
+    env = _table(inner, "env")
     name = model.get("name", doc.get("model"))
     return (name if isinstance(name, str) else None), env.get("name")
 
