@@ -47,6 +47,12 @@ class ModelSection(_Section):
     gradient_checkpointing: bool = Field(
         False, description="trade compute for memory on long sequences"
     )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="training compute precision: bfloat16 computes in bf16 over float32 master "
+        "weights (FSDP mixed precision under torchrun, autocast with one process); for GPUs, "
+        "far slower on CPU",
+    )
 
 
 class EnvSection(_Section):

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from looprl.trainer.precision import AutocastModel, shard_policy, upcast_output
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -78,14 +80,20 @@ def close_distributed(d: Dist | None) -> None:
         dist.destroy_process_group()
 
 
-def shard(module: torch.nn.Module, d: Dist, *, blocks: bool = True) -> None:
-    """`fully_shard` each decoder block (`blocks`), then the root; gradients summed over ranks."""
+def shard(
+    module: torch.nn.Module, d: Dist, *, blocks: bool = True, dtype: torch.dtype | None = None
+) -> None:
+    """`fully_shard` each decoder block (`blocks`), then the root; gradients summed over ranks.
+
+    `dtype` (bf16) computes in it over float32 master weights, reducing in float32.
+    """
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    policy = shard_policy(dtype)
     if blocks:
         for layer in decoder_layers(module):
-            fully_shard(layer, mesh=d.mesh)
-    fully_shard(module, mesh=d.mesh)
+            fully_shard(layer, mesh=d.mesh, mp_policy=policy)
+    fully_shard(module, mesh=d.mesh, mp_policy=policy)
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # a sum: each loss is already globally normalised
@@ -97,15 +105,16 @@ def shard_all(
     policy: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     value_head: torch.nn.Module | None,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """The policy and reference model per decoder block, the value head whole (None: unsharded)."""
     if d is None:
         return
-    shard(policy, d)
+    shard(policy, d, dtype=dtype)
     if ref_model is not None:
-        shard(ref_model, d)
+        shard(ref_model, d, dtype=dtype)
     if value_head is not None:
-        shard(value_head, d, blocks=False)
+        shard(value_head, d, blocks=False, dtype=dtype)
 
 
 class _RootForward(torch.nn.Module):
@@ -115,7 +124,7 @@ class _RootForward(torch.nn.Module):
     (projecting only the trained positions); that would bypass the FSDP root's hooks, which
     gather the embeddings, final norm and head and reduce their gradients. This wrapper has no
     `config`, so it takes the model's whole forward: correct under FSDP, at the price of the
-    full (B, T, V) logits.
+    full (B, T, V) logits. Logits and hidden states come back as float32 (bf16 compute too).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -123,12 +132,20 @@ class _RootForward(torch.nn.Module):
         self.model = model
 
     def forward(self, **kwargs: Any) -> Any:
-        return self.model(**kwargs)
+        return upcast_output(self.model(**kwargs))
 
 
-def for_scoring(model: torch.nn.Module, d: Dist | None) -> torch.nn.Module:
-    """What the update scores with: the model itself, or under FSDP its root forward."""
-    return model if d is None else _RootForward(model)
+def for_scoring(
+    model: torch.nn.Module, d: Dist | None, dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """What the update scores with: the model, its FSDP root forward, or it under autocast.
+
+    Under FSDP the root forward (FSDP's policy casts to `dtype`, see `shard`); with one process
+    and `dtype` bf16 the model under `torch.autocast`; otherwise the model itself.
+    """
+    if d is not None:
+        return _RootForward(model)
+    return model if dtype is None else AutocastModel(model, dtype)
 
 
 def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:

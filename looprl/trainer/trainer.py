@@ -26,6 +26,7 @@ from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics
 from looprl.trainer.monitors import Monitors
+from looprl.trainer.precision import compute_dtype
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.types import EpisodeResult, SamplingParams, Task
 
@@ -115,12 +116,13 @@ class Trainer:
         hidden = int(getattr(self.model, "config").hidden_size)  # noqa: B009
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
         self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
-        D.shard_all(self.dist, self.model, self.ref_model, self.value_head)
+        dtype = compute_dtype(cfg.model.dtype, self.device, self._warn)  # None: float32
+        D.shard_all(self.dist, self.model, self.ref_model, self.value_head, dtype)
         self.optimizer = S.make_optimizer(self.model, self.value_head, cfg.optim)
         self.scheduler = S.make_scheduler(self.optimizer, cfg.optim, cfg.trainer.steps)
-        ref = None if self.ref_model is None else D.for_scoring(self.ref_model, self.dist)
+        ref = None if self.ref_model is None else D.for_scoring(self.ref_model, self.dist, dtype)
         self.ctx = UpdateContext(
-            model=D.for_scoring(self.model, self.dist), optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
+            model=D.for_scoring(self.model, self.dist, dtype), optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
             pad_id=self.tokenizer.pad_token_id or 0, device=self.device, temperature=cfg.rollout.temperature,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
             updates_per_batch=cfg.algorithm.updates_per_batch, value_head=self.value_head, ref_model=ref, dist=self.dist,
@@ -157,6 +159,10 @@ class Trainer:
         self.monitors = Monitors.for_run(  # reward-hacking monitors; a resume replays their history
             self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main, resume=self.resume
         )
+
+    def _warn(self, message: str) -> None:
+        if self.is_main:
+            console.print(f"[yellow]warning:[/yellow] {message}", highlight=False, soft_wrap=True)
 
     def _config_record(self) -> dict[str, Any]:
         return {
