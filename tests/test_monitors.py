@@ -300,3 +300,17 @@ def test_monitors_run_in_a_real_training_run(tmp_path) -> None:
     for row in rows:
         assert {row[f"monitor/{name}"] for name in MONITORS} <= {0.0, 1.0}
         assert row["reply_tokens"] > 0 and "format_only_frac" in row
+
+
+def test_replay_of_a_logged_run_reports_trips_and_noise(tmp_path, capsys) -> None:
+    from looprl.trainer.monitors_replay import main
+
+    rows = [{"step": s, **m} for s, m, _ in demo_stream()]
+    rows[24]["tool_calls"] = 6.0  # step 25: a flood of calls
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"env": {"name": "calculator"}}}))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([str(tmp_path), "--monitors.window", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "would warn: tool_call_spike tripped at step 25: tool_calls 6 per episode" in out
+    assert "step   25  tool_call_spike" in out
+    assert "eval/reward: 10:0.312 20:0.344 30:0.328" in out

@@ -37,7 +37,10 @@ class MonitorsSection(BaseModel):
         0.05, gt=0, description="reward_vs_heldout: training reward rise between evaluations"
     )
     heldout_drop: float = Field(
-        0.05, gt=0, description="reward_vs_heldout: held-out fall between evaluations"
+        0.1,
+        gt=0,
+        description="reward_vs_heldout: held-out fall between evaluations (0.1: 6 of 64 tasks, "
+        "1.7 binomial standard errors at 30% accuracy)",
     )
     length_ratio: float = Field(
         2.0,
