@@ -134,17 +134,7 @@ def run_stream(monitors: Monitors, hack=None, steps: int = 30, seed: int = 0) ->
 
 
 def _observe(monitors: Monitors, step: int, metrics: dict, episodes: list[EpisodeView]) -> dict:
-    """`Monitors.observe` on ready-made episode views (what it builds from EpisodeResults)."""
-    view = StepView(step, metrics, tuple(episodes))
-    out = {}
-    for m in monitors.monitors:
-        reading = m.check(view)
-        out.update(reading.values)
-        out[f"monitor/{m.name}"] = float(reading.tripped)
-        if reading.tripped and m.name not in monitors.warned:
-            monitors.warned.add(m.name)
-            monitors.warn(f"{m.name} tripped at step {step}: {reading.message}")
-    return out
+    return monitors.read(StepView(step, metrics, tuple(episodes)))
 
 
 def tripped_steps(rows: list[dict], name: str) -> list[int]:

@@ -302,7 +302,11 @@ class Monitors:
         episodes = tuple(
             EpisodeView.of(ep, rubric_weights(self.rubric, ep)) for g in groups for ep in g
         )
-        view = StepView(step, metrics, episodes)
+        return self.read(StepView(step, metrics, episodes))
+
+    def read(self, view: StepView) -> dict[str, float]:
+        """`observe` on a ready-made view (synthetic streams, replays): the same metrics, warnings."""
+        step = view.step
         out: dict[str, float] = {}
         for monitor in self.monitors:
             reading = monitor.check(view)
