@@ -304,3 +304,35 @@ def test_replay_of_a_logged_run_reports_trips_and_noise(tmp_path, capsys) -> Non
     assert "would warn: tool_call_spike tripped at step 25: tool_calls 6 per episode" in out
     assert "step   25  tool_call_spike" in out
     assert "eval/reward: 10:0.312 20:0.344 30:0.328" in out
+
+
+def test_a_resume_from_a_checkpoint_state_continues_exactly(tmp_path) -> None:
+    """Logged rows rebuild the metric baselines; the checkpoint's JSON state, the episode pool."""
+
+    def stream():
+        rng = random.Random(3)
+        for step in range(1, 31):
+            metrics, episodes = healthy_step(rng, step)
+            if step >= HACK:
+                metrics, episodes = hack_reward_disagreement(rng, step, metrics, episodes)
+            yield step, metrics, episodes
+
+    cfg = MonitorsSection()  # a 3-step episode pool: the state must carry it
+    whole = Monitors(cfg, warn=lambda _m: None)
+    straight = [_observe(whole, s, m, e) for s, m, e in stream()]
+    assert 1.0 in [r["monitor/reward_disagreement"] for r in straight]
+
+    first = Monitors(cfg, warn=lambda _m: None)
+    rows, resumed, got = [], None, []
+    for step, metrics, episodes in stream():
+        if step <= 19:
+            out = _observe(first, step, metrics, episodes)
+            rows.append({"step": step, **metrics, **out})
+            got.append(out)
+            continue
+        if resumed is None:  # killed after the checkpoint at step 19
+            (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            state = json.loads(json.dumps(first.state()))
+            resumed = Monitors.for_run(cfg, None, tmp_path, main=True, resume=True, state=state)
+        got.append(_observe(resumed, step, metrics, episodes))
+    assert got == straight

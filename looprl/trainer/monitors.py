@@ -257,9 +257,9 @@ class Monitors:
     """Runs every monitor on each step and returns the metrics they add to the step's row.
 
     `rubric` gives each function's weight (what an episode earned from each). `warn` prints a
-    line (the console by default; the trainer passes a no-op on ranks other than 0). `history`
-    holds a resumed run's logged rows: they rebuild the metric-based baselines and mark the
-    monitors that already tripped, so a resumed run does not warn again (episode pools start empty).
+    line (the console by default). `history` holds a resumed run's logged rows: they rebuild the
+    metric-based baselines and mark the monitors that already tripped, so a resumed run does not
+    warn again; the episode pools come back from the checkpoint (`state`, `for_run`).
     """
 
     def __init__(
@@ -279,15 +279,35 @@ class Monitors:
 
     @classmethod
     def for_run(
-        cls, cfg: MonitorsSection, rubric: Any, run_dir: Path, *, main: bool, resume: bool
+        cls,
+        cfg: MonitorsSection,
+        rubric: Any,
+        run_dir: Path,
+        *,
+        main: bool,
+        resume: bool,
+        state: Mapping[str, Any] | None = None,
     ) -> Monitors:
-        """The trainer's monitors: on rank 0 only (it alone logs); a resume reads the logged rows."""
+        """The trainer's monitors, on rank 0 only (it alone logs).
+
+        A resume replays the logged rows (metric baselines, warnings given) and loads `state`,
+        the episode pools its checkpoint kept (`Monitors.state()`), so it continues exactly.
+        """
         from looprl.trainer.logger import METRICS_FILE, read_metrics
 
         if not main:
             return cls(cfg.model_copy(update={"enabled": False}))
         history = read_metrics(run_dir / METRICS_FILE) if resume else []
-        return cls(cfg, rubric, history=history)
+        monitors = cls(cfg, rubric, history=history)
+        for monitor in monitors.monitors:
+            saved = (state or {}).get(monitor.name)
+            if saved is not None and hasattr(monitor, "load_state"):
+                monitor.load_state(saved)
+        return monitors
+
+    def state(self) -> dict[str, Any]:
+        """The state a checkpoint keeps (JSON): what the logged rows cannot rebuild (episode pools)."""
+        return {m.name: m.state() for m in self.monitors if hasattr(m, "state")}
 
     def observe(
         self,

@@ -182,6 +182,18 @@ class RewardDisagreement:
     _pool: deque[list[Mapping[str, float]]] = field(default_factory=deque)
     _agreed: dict[tuple[str, str], tuple[float, float, float]] = field(default_factory=dict)
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (JSON): the pooled episodes' rewards and the pairs that agreed."""
+        return {
+            "pool": [[dict(r) for r in step] for step in self._pool],
+            "agreed": [[r, o, *v] for (r, o), v in self._agreed.items()],
+        }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state()` as saved in a checkpoint."""
+        self._pool = deque(state["pool"])
+        self._agreed = {(r, o): (c, mr, mo) for r, o, c, mr, mo in state["agreed"]}
+
     def check(self, view: StepView) -> Reading:
         """Update the pooled statistics; trip on an agreed pair that now disagrees."""
         if not view.episodes:

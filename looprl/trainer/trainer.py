@@ -73,6 +73,7 @@ class Trainer:
         self.step = 0
         self.cursor = 0
         self._task_stream: tuple[int, Any] | None = None
+        self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
@@ -157,8 +158,9 @@ class Trainer:
                 total_steps=self.cfg.trainer.steps,
             )
         self.monitors = Monitors.for_run(  # reward-hacking monitors; a resume replays their history
-            self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main, resume=self.resume
-        )
+            self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main,
+            resume=self.resume, state=self._monitor_state,
+        )  # fmt: skip
 
     def _warn(self, message: str) -> None:
         if self.is_main:
@@ -190,6 +192,7 @@ class Trainer:
             return
         state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
+        self._monitor_state = state.get("monitors", {})
         self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
 
@@ -398,16 +401,17 @@ class Trainer:
         from looprl.trainer.checkpoint import save_checkpoint
         from looprl.trainer.checkpoint_sharded import save_sharded
 
+        extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
             save_sharded(
                 self.dist, self.run_dir, self.step, modules=self._modules(), optimizer=self.optimizer,
-                scheduler=self.scheduler, extra_state={"step": self.step, "cursor": self.cursor},
+                scheduler=self.scheduler, extra_state=extra,
                 keep_last=self.cfg.trainer.keep_last,
             )  # fmt: skip
             return
         save_checkpoint(
             self.run_dir, self.step, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            extra_state={"step": self.step, "cursor": self.cursor}, value_head=self.value_head,
+            extra_state=extra, value_head=self.value_head,
             keep_last=self.cfg.trainer.keep_last, adapter_only=self.cfg.model.lora,
         )  # fmt: skip
 
