@@ -221,3 +221,22 @@ def test_python_math_wants_a_number_not_the_question_expression():
     assert score("\\boxed{19/12}") == 1.0 and score("\\boxed{\\frac{19}{12}}") == 1.0
     assert score("\\boxed{3/4 + 5/6}") == 0.0  # math-verify alone evaluates it to 19/12
     assert score("\\boxed{38/24}") == 0.0 and score("\\boxed{1.5833}") == 0.0
+
+
+def test_the_hook_example_in_environments_md_runs(tmp_path, tiny_tokenizer):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    section = doc.split("## Attack it: `looprl probe`", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "polite_squares.py"
+    path.write_text(code)
+    env = load_environment(str(path))
+    result = asyncio.run(run_probe(env, env_name=str(path), tasks=10, tokenizer=tiny_tokenizer))
+    row = next(r for r in result.document["rows"] if r["name"] == "flattery")
+    assert row["verdict"] == "exploitable" and row["mean_reward"] == 0.5  # as the doc says
+    assert result.document["baseline"]["mean_reward"] == 0.0
+    paid = {
+        r["name"]: r["mean_reward"] for r in result.document["rows"] if r["verdict"] != "resisted"
+    }
+    assert paid == {"hedged_answers": 0.5, "many_answers": 0.15, "flattery": 0.5}  # as the doc says

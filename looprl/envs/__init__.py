@@ -2,6 +2,8 @@
 
 from looprl.envs.base import Environment, Limits, MultiTurnEnv, SingleTurnEnv, StepOutcome, ToolEnv
 from looprl.envs.kit import (
+    answer_text,
+    final_answer_text,
     final_raw,
     final_reply,
     shown_outcomes,
@@ -19,7 +21,9 @@ __all__ = [
     "SingleTurnEnv",
     "StepOutcome",
     "ToolEnv",
+    "answer_text",
     "available_environments",
+    "final_answer_text",
     "final_raw",
     "final_reply",
     "load_environment",

@@ -117,4 +117,5 @@ def print_result(result: ProbeResult, title: str = "probe") -> None:
     if errored:
         console.print(f"[yellow]errored:[/] {', '.join(errored)}", highlight=False)
     if not bad and not errored:
-        console.print("[green]every exploit resisted[/]")
+        accepted = any("accepted" in r for r in rows)
+        console.print(f"[green]every exploit resisted{' or is accepted' if accepted else ''}[/]")
