@@ -16,6 +16,8 @@ from typing import Any
 
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment, Limits, StepOutcome
+from looprl.rendering.parser import ParsedTurn
+from looprl.rendering.reasoning import split_reasoning
 from looprl.rendering.renderer import Renderer
 from looprl.transcript import MessageTranscript, TokenTranscript, Transcript
 from looprl.types import EpisodeResult, Message, SamplingParams, StopReason, Task
@@ -110,12 +112,15 @@ async def _episode_loop(
         if gen.finish_reason == "error":
             return _stop(result, "error", infra=f"engine: {gen.error}")
         text = transcript.add_sampled(gen, turn)
-        parsed = env.parser.parse(text)
+        parsed = _parse(env, transcript, text)
         # message-level engines return structured calls besides the text
         parsed.calls = parsed.calls + gen.tool_calls
         result.messages.append(
-            Message(role="assistant", content=parsed.content, tool_calls=parsed.calls, raw=text)
-        )
+            Message(
+                role="assistant", content=parsed.content, tool_calls=parsed.calls, raw=text,
+                reasoning_content=parsed.reasoning,
+            )
+        )  # fmt: skip
         turn = result.num_turns = turn + 1
         if gen.finish_reason == "length":
             by_context = transcript.exact and budget < limits.max_tokens_per_turn
@@ -130,6 +135,17 @@ async def _episode_loop(
             return _stop(result, "max_turns")
         if not transcript.add_env_turn(outcome.messages, turn):
             return _stop(result, "max_context")
+
+
+def _parse(env: Environment, transcript: Transcript, text: str) -> ParsedTurn:
+    """Reasoning, content and calls of a turn: in the model's format when token-exact (the
+    renderer knows the template), else with the environment's parser and `<think>` markers."""
+    if isinstance(transcript, TokenTranscript):
+        return transcript.renderer.parse(text)
+    reasoning, rest = split_reasoning(text)
+    parsed = env.parser.parse(rest)
+    parsed.reasoning = reasoning
+    return parsed
 
 
 def _stop(

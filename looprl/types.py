@@ -58,11 +58,8 @@ class ToolCall:
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI chat format of this call (`{"type": "function", "function": {...}}`)."""
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
 
 
 @dataclass
@@ -115,6 +112,8 @@ class Message:
     """A tool message: the tool that answered."""
     raw: str = ""
     """An assistant message: the exact decoded text the model sampled."""
+    reasoning_content: str = ""
+    """An assistant message: its leading reasoning block (`<think>`), not part of `content`."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (empty optional fields are kept so the round trip is exact)."""
@@ -142,6 +141,7 @@ class Message:
             tool_call_id=d.get("tool_call_id"),
             name=d.get("name"),
             raw=d.get("raw", ""),
+            reasoning_content=d.get("reasoning_content") or "",
         )
 
     def to_template(self) -> dict[str, Any]:

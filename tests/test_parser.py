@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from looprl.rendering.formats import PARSERS
 from looprl.rendering.parser import (
     BAD_ARGUMENTS,
     BAD_NAME,
     INVALID_JSON,
     MISSING_NAME,
     NOT_OBJECT,
-    PARSERS,
     UNCLOSED_TAG,
     HermesParser,
     ParsedTurn,
@@ -175,6 +175,6 @@ def test_unclosed_block_followed_by_good_block() -> None:
 def test_registry() -> None:
     assert isinstance(get_parser("hermes"), HermesParser)
     assert isinstance(get_parser("hermes"), ToolCallParser)
-    assert set(PARSERS) == {"hermes"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "qwen3_coder"}
     with pytest.raises(ValueError, match="unknown tool-call parser 'xml'.*hermes"):
         get_parser("xml")

@@ -91,6 +91,8 @@ class ParsedTurn:
     """The well-formed calls, in order."""
     errors: list[ParseError] = field(default_factory=list)
     """The blocks that could not be parsed."""
+    reasoning: str = ""
+    """The turn's leading reasoning block (`<think>...</think>`), markers and edge newlines cut."""
 
     def ordered(self) -> list[ToolCall | ParseError]:
         """Calls and errors together, in the order the model wrote them (by `call_N` id)."""
@@ -99,9 +101,9 @@ class ParsedTurn:
 
 
 def _id_index(call_id: str, fallback: int) -> int:
-    """The N of `call_N`; ids of other forms sort last, keeping their relative order."""
-    prefix, _, number = call_id.rpartition("_")
-    return int(number) if prefix == "call" and number.isdigit() else fallback
+    """The N of `call_N` (or `callNNNNN`, Mistral's 9-character ids); other ids sort last."""
+    number = call_id.removeprefix("call").removeprefix("_")
+    return int(number) if call_id.startswith("call") and number.isdigit() else fallback
 
 
 @runtime_checkable
@@ -118,6 +120,11 @@ class HermesParser:
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    example = f"<tool_call>{_EXAMPLE}</tool_call>"
+    """One well-formed call, quoted in the messages about unclosed and misspelled tags."""
+    markers: tuple[str, ...] = ("<tool_call>", "</tool_call>")
+    """Tokens the parser must see, kept when sampled ids are decoded (some tokenizers make them
+    special tokens, which decoding would otherwise drop)."""
 
     def parse(self, text: str) -> ParsedTurn:
         """Split `text` into content (text outside blocks), calls and errors, ids in order."""
@@ -140,11 +147,12 @@ class HermesParser:
             if end < 0 or 0 <= next_open < end:
                 stop = next_open if next_open >= 0 else len(text)
                 raw = text[start:stop]
-                errors.append(ParseError(UNCLOSED_TAG, _unclosed_message(raw), raw, call_id))
+                message = _unclosed_message(self.example)
+                errors.append(ParseError(UNCLOSED_TAG, message, raw, call_id))
                 pos = stop
                 continue
             raw = text[start : end + len(self.close_tag)]
-            result = _parse_body(text[body_start:end], raw, call_id)
+            result = self.parse_body(text[body_start:end], raw, call_id)
             if isinstance(result, ToolCall):
                 calls.append(result)
             else:
@@ -152,10 +160,16 @@ class HermesParser:
             pos = end + len(self.close_tag)
         for match in _near_miss_tags(content_parts, self.open_tag, self.close_tag):
             errors.append(
-                ParseError(MISSPELLED_TAG, _misspelled_message(match), match, f"call_{index}")
+                ParseError(
+                    MISSPELLED_TAG, _misspelled_message(match, self.example), match, f"call_{index}"
+                )
             )
             index += 1
         return ParsedTurn(content="".join(content_parts).strip(), calls=calls, errors=errors)
+
+    def parse_body(self, body: str, raw: str, call_id: str) -> ToolCall | ParseError:
+        """One closed block's body: a JSON object with `name` and `arguments`."""
+        return call_from_json(body, raw, call_id)
 
 
 _NEAR_MISS = re.compile(r"<\s*/?\s*tool[\s_\-]?call\s*/?\s*>", re.IGNORECASE)
@@ -175,46 +189,62 @@ def _near_miss_tags(parts: list[str], open_tag: str, close_tag: str) -> list[str
     return list(seen.values())
 
 
-def _misspelled_message(tag: str) -> str:
+def _misspelled_message(tag: str, example: str) -> str:
     return (
         f"{tag!r} is not a tool-call tag, so no tool ran; tags are exact and lower-case: "
-        f"write <tool_call>{_EXAMPLE}</tool_call>"
+        f"write {example}"
     )
 
 
-def _unclosed_message(raw: str) -> str:
+def _unclosed_message(example: str) -> str:
     return (
         "the <tool_call> block was never closed with </tool_call> (the turn ended or a new "
-        f"<tool_call> began first); write each call as <tool_call>{_EXAMPLE}</tool_call>"
+        f"<tool_call> began first); write each call as {example}"
     )
 
 
-def _parse_body(body: str, raw: str, call_id: str) -> ToolCall | ParseError:
-    """Parse the JSON inside one closed block into a call, or say exactly what is wrong."""
+def call_from_json(
+    body: str, raw: str, call_id: str, *, tag: str = "<tool_call>", example: str = _EXAMPLE
+) -> ToolCall | ParseError:
+    """Parse one call's JSON object into a call, or say exactly what is wrong.
+
+    Shared by every JSON format: `tag` names where the JSON was (`<tool_call>`, `[TOOL_CALLS]`)
+    and `example` is the object the format expects, both quoted in the messages.
+    """
 
     def error(kind: str, message: str, name: str = "") -> ParseError:
         return ParseError(kind, message, raw, call_id, name)
 
     if not body.strip():
         return error(
-            INVALID_JSON,
-            f"the <tool_call> block is empty; put a JSON object like {_EXAMPLE} inside it",
+            INVALID_JSON, f"the {tag} block is empty; put a JSON object like {example} inside it"
         )
     try:
         obj = strict_loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, NaN, digit limit, nesting
         return error(
             INVALID_JSON,
-            f"invalid JSON in <tool_call>: {_short(exc)}; expected an object like {_EXAMPLE}",
+            f"invalid JSON in {tag}: {_short(exc)}; expected an object like {example}",
         )
     if not isinstance(obj, dict):
         return error(
             NOT_OBJECT,
-            f"the tool call must be a JSON object like {_EXAMPLE}, got {_json_type(obj)}",
+            f"the tool call must be a JSON object like {example}, got {_json_type(obj)}",
         )
+    return call_from_object(obj, raw, call_id, example=example)
+
+
+def call_from_object(
+    obj: dict[str, Any], raw: str, call_id: str, *, example: str = _EXAMPLE
+) -> ToolCall | ParseError:
+    """A call from a decoded JSON object with `name` and `arguments` (alias `parameters`)."""
+
+    def error(kind: str, message: str, name: str = "") -> ParseError:
+        return ParseError(kind, message, raw, call_id, name)
+
     if "name" not in obj:
         return error(
-            MISSING_NAME, f'the tool call has no "name" key; expected an object like {_EXAMPLE}'
+            MISSING_NAME, f'the tool call has no "name" key; expected an object like {example}'
         )
     name = obj["name"]
     if not isinstance(name, str) or not name.strip():
@@ -318,11 +348,11 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
-PARSERS: dict[str, type[HermesParser]] = {"hermes": HermesParser}
-
-
 def get_parser(name: str) -> ToolCallParser:
-    """A parser instance by name; unknown names raise ValueError listing the known ones."""
+    """A parser instance by name (`looprl.rendering.formats.PARSERS`); unknown names raise
+    ValueError listing the known ones."""
+    from looprl.rendering.formats import PARSERS  # the formats build on this module
+
     try:
         return PARSERS[name]()
     except KeyError:

@@ -12,6 +12,13 @@ environment's messages are appended by rendering only the new suffix:
 
 Where a template rewrites history (some drop earlier `<think>` blocks), step 2 fails: the
 caller starts a new training segment whose prompt is the full re-rendering, and counts it.
+
+The renderer also reads the model's side of the format: `parse` splits a sampled turn into its
+leading reasoning block and its content and tool calls, with the parser the template declares
+(`looprl.rendering.formats`). Past reasoning goes back to the template as `reasoning_content`
+(the Hugging Face convention Qwen3's template reads) while `keep_reasoning` is on; off, every
+turn that reasoned starts a new segment whose prompt lacks it (the sampled ids are never
+edited, so dropping reasoning from the context costs a re-rendered prompt, as it does in Qwen3).
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from looprl.rendering.formats import resolve_parser
+from looprl.rendering.parser import ParsedTurn, ToolCallParser
+from looprl.rendering.reasoning import reasoning_markers, split_reasoning
+from looprl.rendering.templates import template_text
 from looprl.types import Message
 
 _SENTINEL = "\u2063LOOPRL_SENTINEL\u2063"
@@ -46,10 +57,19 @@ class Renderer:
 
     The tools offered to the model are given per call (`tools=`), so one renderer serves every
     environment of a mixture; `tools` given to the constructor are the default for calls that
-    pass none (convenient for SFT data and tests).
+    pass none (convenient for SFT data and tests). `parser` is a name from
+    `looprl.rendering.formats.PARSERS`, `auto` (the format the template declares) or a parser;
+    `keep_reasoning` says whether past turns' reasoning stays in the prompt (module doc).
     """
 
-    def __init__(self, tokenizer: Any, tools: Tools | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Tools | None = None,
+        *,
+        parser: str | ToolCallParser = "auto",
+        keep_reasoning: bool = True,
+    ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
                 "the tokenizer has no chat template; load the model with looprl.models.load_model "
@@ -57,6 +77,12 @@ class Renderer:
             )
         self.tokenizer = tokenizer
         self.tools = tools or []
+        self.keep_reasoning = keep_reasoning
+        text = template_text(tokenizer)
+        self.parser = resolve_parser(parser, text) if isinstance(parser, str) else parser
+        self.reasoning = reasoning_markers(text)
+        self._reads_reasoning = "reasoning_content" in text
+        self._dropped_ids = self._ids_decode_drops()
         self.closing = self._assistant_closing()
 
     def render_text(
@@ -68,7 +94,7 @@ class Renderer:
         if offered:
             kwargs["tools"] = offered
         text = self.tokenizer.apply_chat_template(
-            [m.to_template() for m in messages],
+            [self._template_message(m) for m in messages],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **kwargs,
@@ -91,8 +117,17 @@ class Renderer:
         return self.render_ids(messages, add_generation_prompt=True, tools=tools)
 
     def decode(self, ids: list[int]) -> str:
-        """Text of sampled ids without special tokens (for parsing and display only)."""
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        """Text of sampled ids for parsing and display: special tokens dropped, except the ones
+        the format needs (`[TOOL_CALLS]`, `<|python_tag|>`, reasoning markers)."""
+        kept = [i for i in ids if i not in self._dropped_ids]
+        return str(self.tokenizer.decode(kept, skip_special_tokens=False))
+
+    def parse(self, text: str) -> ParsedTurn:
+        """A sampled turn's reasoning, content, tool calls and malformed calls."""
+        reasoning, rest = split_reasoning(text, self.reasoning)
+        parsed = self.parser.parse(rest)
+        parsed.reasoning = reasoning
+        return parsed
 
     def extend(
         self,
@@ -108,13 +143,37 @@ class Renderer:
         """
         prev_ids = self.render_ids(before, add_generation_prompt=False, tools=tools)
         full_ids = self.render_ids(after, add_generation_prompt=True, tools=tools)
-        if full_ids[: len(prev_ids)] != prev_ids:
+        drop_reasoning = not self.keep_reasoning and bool(before and before[-1].reasoning_content)
+        if drop_reasoning or full_ids[: len(prev_ids)] != prev_ids:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))
         glue_ids = self.encode(_missing_tail(sampled_text, self.closing))
         return Extension(
             ok=True, glue_ids=glue_ids, suffix_ids=full_ids[len(prev_ids) :], full_ids=full_ids
         )
+
+    def _template_message(self, message: Message) -> dict[str, Any]:
+        """A message as the template reads it; past reasoning as `reasoning_content` when kept."""
+        out = message.to_template()
+        reasoning = message.reasoning_content
+        if not (self.keep_reasoning and reasoning):
+            return out
+        if self._reads_reasoning:
+            out["reasoning_content"] = reasoning
+        else:  # a template that ignores reasoning_content gets it inline, where it was sampled
+            mark = self.reasoning
+            out["content"] = f"{mark.open}\n{reasoning}\n{mark.close}\n\n{message.content}"
+        return out
+
+    def _ids_decode_drops(self) -> set[int]:
+        """Special-token ids `decode` drops: all but the markers the parser and reasoning need."""
+        tok = self.tokenizer
+        special = set(getattr(tok, "all_special_ids", []))
+        decoder = getattr(tok, "added_tokens_decoder", {})
+        special |= {i for i, added in decoder.items() if getattr(added, "special", False)}
+        needed = (*getattr(self.parser, "markers", ()), self.reasoning.open, self.reasoning.close)
+        vocab = tok.get_vocab()
+        return special - {vocab[m] for m in needed if m in vocab}
 
     def _assistant_closing(self) -> str:
         """The text the template writes after an assistant message's content."""

@@ -46,7 +46,9 @@ any Jinja whitespace settings (`trim_blocks`, `lstrip_blocks`).
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 CHATML_TOOLS_TEMPLATE = (
@@ -118,6 +120,69 @@ def _template_texts(tokenizer: Any) -> list[str]:
     return []
 
 
+def template_text(tokenizer: Any) -> str:
+    """All of a tokenizer's chat template texts, joined (what format detection reads)."""
+    return "\n".join(_template_texts(tokenizer))
+
+
+LOOPRL_TEMPLATE = "looprl"
+"""The `--model.chat_template` value that selects `CHATML_TOOLS_TEMPLATE`."""
+
+
+def load_chat_template(choice: str) -> str:
+    """The template text `--model.chat_template` names: `looprl`, or a Jinja file's path.
+
+    A `tokenizer_config.json` is read for its `chat_template` string. Raises ValueError naming
+    the flag when the file is missing or holds no template.
+    """
+    if choice == LOOPRL_TEMPLATE:
+        return CHATML_TOOLS_TEMPLATE
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise ValueError(
+            f"--model.chat_template {choice!r}: no such file; give a Jinja template file, a "
+            f"tokenizer_config.json, or {LOOPRL_TEMPLATE!r} for looprl's prefix-safe ChatML template"
+        )
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        template = json.loads(text).get("chat_template")
+        if not isinstance(template, str):
+            raise ValueError(
+                f"--model.chat_template {choice!r}: the file has no chat_template string; give "
+                "the Jinja template file itself"
+            )
+        text = template
+    if not text.strip():
+        raise ValueError(f"--model.chat_template {choice!r}: the file is empty")
+    return text
+
+
+def set_chat_template(tokenizer: Any, choice: str | None) -> None:
+    """Install the template `choice` names on `tokenizer` (None: keep the tokenizer's own).
+
+    `looprl` on a tokenizer without `<|im_start|>` / `<|im_end|>` tokens warns as
+    `ensure_tool_template` does.
+    """
+    if choice is None:
+        return
+    text = load_chat_template(choice)
+    if choice == LOOPRL_TEMPLATE:
+        _warn_missing_markers(tokenizer)
+    tokenizer.chat_template = text
+
+
+def _warn_missing_markers(tokenizer: Any) -> None:
+    vocab = tokenizer.get_vocab()
+    missing = [m for m in CHATML_MARKERS if m not in vocab]
+    if missing:
+        warnings.warn(
+            f"installing looprl's ChatML tool template on a tokenizer without the tokens {missing}; "
+            "they will be split into ordinary tokens. Add them as special tokens "
+            "(tokenizer.add_special_tokens) and resize the model's embeddings to avoid this.",
+            stacklevel=3,
+        )
+
+
 def template_supports_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template appears to render `tools` (it mentions the variable).
 
@@ -136,14 +201,6 @@ def ensure_tool_template(tokenizer: Any) -> bool:
     """
     if template_supports_tools(tokenizer):
         return False
-    vocab = tokenizer.get_vocab()
-    missing = [m for m in CHATML_MARKERS if m not in vocab]
-    if missing:
-        warnings.warn(
-            f"installing looprl's ChatML tool template on a tokenizer without the tokens {missing}; "
-            "they will be split into ordinary tokens. Add them as special tokens "
-            "(tokenizer.add_special_tokens) and resize the model's embeddings to avoid this.",
-            stacklevel=2,
-        )
+    _warn_missing_markers(tokenizer)
     tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
     return True
