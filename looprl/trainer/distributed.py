@@ -161,13 +161,37 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every rank gets the full weights of a sharded model (under its unsharded names)."""
+    """Every rank gets the full weights of a sharded model (under its unsharded names).
+
+    A PEFT LoRA model's come merged, under the base model's names, as an engine loads them.
+    """
     from torch.distributed.tensor import DTensor
 
-    return {
+    full = {
         name: (t.full_tensor() if isinstance(t, DTensor) else t).detach()
         for name, t in model.state_dict().items()
     }
+    peft_config = getattr(model, "peft_config", None)
+    return full if peft_config is None else merge_lora(full, peft_config["default"])
+
+
+def merge_lora(full: dict[str, torch.Tensor], lora: Any) -> dict[str, torch.Tensor]:
+    """A PEFT model's full state dict with each LoRA delta (scale * B @ A) added to its weight.
+
+    Keys lose PEFT's `base_model.model.` prefix and `.base_layer`; adapter tensors are dropped.
+    Only the adapter named "default" of plain `nn.Linear` layers (what `model.lora` builds).
+    """
+    scale = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
+    out = {}
+    for name, tensor in full.items():
+        if ".lora_" in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            stem = name.removesuffix(".base_layer.weight")
+            a, b = full[f"{stem}.lora_A.default.weight"], full[f"{stem}.lora_B.default.weight"]
+            tensor = tensor + scale * (b @ a)  # (out, in) + (out, r) @ (r, in)
+        out[name.removeprefix("base_model.model.").replace(".base_layer", "")] = tensor
+    return out
 
 
 def my_share(items: Sequence[T], d: Dist | None) -> list[T]:
@@ -243,10 +267,8 @@ def explain_failure(d: Dist | None, exc: BaseException, timeout_s: float) -> str
 
 
 def unsupported(cfg: Any) -> list[str]:
-    """Settings this first multi-process slice refuses, each with the field to change."""
+    """Settings multi-process training refuses, each with the field to change."""
     problems = []
-    if cfg.model.lora:
-        problems.append("model.lora = true (train all weights, or use one process)")
     if cfg.engine.kind != "torch":
         problems.append(f"engine.kind = {cfg.engine.kind!r} (use engine.kind = 'torch')")
     if cfg.trainer.max_async_steps:

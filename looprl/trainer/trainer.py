@@ -17,6 +17,7 @@ from looprl.console import console
 from looprl.engines.base import AdapterEngine, TrainableEngine
 from looprl.evaluation import error_headline, summarize
 from looprl.rendering.renderer import Renderer
+from looprl.rendering.templates import set_chat_template
 from looprl.rollout import RolloutConfig, run_groups
 from looprl.run_eval import EvalJob, run_eval
 from looprl.trainer import distributed as D
@@ -113,7 +114,11 @@ class Trainer:
             # sampler and trainer share weights (or, under FSDP, the copy gathered after each
             # step holds the very same values): the correction would be the identity
             self.algo = dataclasses.replace(self.algo, use_tis=False)
-        self.renderer = Renderer(self.tokenizer, self.env.tool_schemas)
+        set_chat_template(self.tokenizer, cfg.model.chat_template)
+        self.renderer = Renderer(
+            self.tokenizer, self.env.tool_schemas, parser=cfg.model.parser,
+            keep_reasoning=cfg.model.keep_reasoning,
+        )  # fmt: skip
         hidden = int(getattr(self.model, "config").hidden_size)  # noqa: B009
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
         self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
@@ -348,9 +353,9 @@ class Trainer:
             return {"time/sync": time.perf_counter() - t0}
         # the in-process engine may sample from the trainer's own tensors: nothing to send
         shared = self.cfg.engine.kind == "torch" and self.engine_model is self.model
-        weights = None if shared else S.merged_state_dict(self.model)
-        if self.dist is not None:
-            weights = D.full_weights(self.model)  # every rank gathers them for its own engine
+        weights = None if shared or self.dist else S.merged_state_dict(self.model)
+        if self.dist is not None:  # every rank gathers them for its own engine (LoRA merged)
+            weights = D.full_weights(self.model)
         self.engine.sync_weights(weights, version=version)  # under the engine's lock
         return {"time/sync": time.perf_counter() - t0}
 
