@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from looprl.console import console
 from looprl.engines.base import Engine
@@ -32,7 +32,9 @@ from looprl.evaluation import (
     summarize,
     write_metadata,
 )
+from looprl.rendering.formats import ParserName
 from looprl.rendering.renderer import Renderer
+from looprl.rendering.templates import check_template_choice, set_chat_template
 from looprl.rollout import RolloutConfig
 from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
@@ -147,6 +149,17 @@ class EvalConfig(BaseModel):
     api_key_var: str | None = Field(
         None, description="name of the environment variable holding the API key (OPENAI_API_KEY)"
     )
+    parser: ParserName = Field(
+        "auto",
+        description="tool-call format the model writes: auto (from the chat template), hermes, "
+        "llama3_json, mistral or qwen3_coder (docs/models.md)",
+    )
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template file replacing the tokenizer's, or looprl"
+    )
+    keep_reasoning: bool = Field(
+        True, description="past turns keep their <think> reasoning in the prompt"
+    )
     policy: str | None = Field(
         None,
         description="MODULE:FN, a scripted policy instead of a model: FN(messages) returns the "
@@ -173,6 +186,11 @@ class EvalConfig(BaseModel):
         False, description="continue an interrupted evaluation in --output (or the latest)"
     )
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_exists(cls, value: str | None) -> str | None:
+        return check_template_choice(value)
 
     def api_key_value(self) -> str | None:
         """The API key: from the variable named by `api_key_var`, else `api_key`."""
@@ -203,7 +221,11 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
             max_model_len=env.limits.max_context_tokens,
         )  # fmt: skip
         engine = policy.engine
-        renderer = Renderer(policy.tokenizer) if policy.tokenizer is not None else None
+        if policy.tokenizer is not None:
+            set_chat_template(policy.tokenizer, cfg.chat_template)
+            renderer = Renderer(
+                policy.tokenizer, parser=cfg.parser, keep_reasoning=cfg.keep_reasoning
+            )
     metadata = {
         "kind": "eval", "env": cfg.env, "env_kwargs": cfg.env_kwargs,
         "model": cfg.policy or cfg.model, "base_url": cfg.base_url, "engine": cfg.engine.kind,

@@ -129,6 +129,16 @@ LOOPRL_TEMPLATE = "looprl"
 """The `--model.chat_template` value that selects `CHATML_TOOLS_TEMPLATE`."""
 
 
+def check_template_choice(choice: str | None) -> str | None:
+    """`choice` when it is None, `looprl` or an existing file; else ValueError saying what to give."""
+    if choice is not None and choice != LOOPRL_TEMPLATE and not Path(choice).expanduser().is_file():
+        raise ValueError(
+            f"no such file {choice!r}; give a Jinja chat template file, a tokenizer_config.json, "
+            f"or {LOOPRL_TEMPLATE!r} for looprl's prefix-safe ChatML template"
+        )
+    return choice
+
+
 def load_chat_template(choice: str) -> str:
     """The template text `--model.chat_template` names: `looprl`, or a Jinja file's path.
 
@@ -137,12 +147,11 @@ def load_chat_template(choice: str) -> str:
     """
     if choice == LOOPRL_TEMPLATE:
         return CHATML_TOOLS_TEMPLATE
+    try:
+        check_template_choice(choice)
+    except ValueError as exc:
+        raise ValueError(f"--model.chat_template: {exc}") from None
     path = Path(choice).expanduser()
-    if not path.is_file():
-        raise ValueError(
-            f"--model.chat_template {choice!r}: no such file; give a Jinja template file, a "
-            f"tokenizer_config.json, or {LOOPRL_TEMPLATE!r} for looprl's prefix-safe ChatML template"
-        )
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         template = json.loads(text).get("chat_template")

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from looprl.engines.config import EngineSection
+from looprl.rendering.formats import ParserName
+from looprl.rendering.templates import check_template_choice
 from looprl.trainer.monitors_config import MonitorsSection
 
 
@@ -53,6 +55,26 @@ class ModelSection(_Section):
         "weights (FSDP mixed precision under torchrun, autocast with one process); for GPUs, "
         "far slower on CPU",
     )
+    parser: ParserName = Field(
+        "auto",
+        description="tool-call format the model writes: auto (detected from the chat template), "
+        "hermes, llama3_json, mistral or qwen3_coder (docs/models.md)",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template file replacing the tokenizer's, or looprl (a "
+        "prefix-safe ChatML template: one training segment per episode)",
+    )
+    keep_reasoning: bool = Field(
+        True,
+        description="past turns keep their <think> reasoning in the prompt; false drops it as "
+        "Qwen3 does, at the price of a re-rendered prompt per turn (docs/models.md)",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_exists(cls, value: str | None) -> str | None:
+        return check_template_choice(value)
 
 
 class EnvSection(_Section):

@@ -15,6 +15,7 @@ here) or in more than one is an error naming `--model.parser`, never a silent ze
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from looprl.rendering.formats.llama3 import Llama3JsonParser
 from looprl.rendering.formats.mistral import MistralParser
@@ -28,6 +29,9 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
     "qwen3_coder": Qwen3CoderParser,
 }
 """Tool-call parsers by the name `--model.parser` (and `Environment(parser=...)`) takes."""
+
+ParserName = Literal["auto", "hermes", "llama3_json", "mistral", "qwen3_coder"]
+"""`--model.parser` values: `auto` and the names of `PARSERS` (a test keeps them equal)."""
 
 SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
     "qwen3_coder": (("<function=", "<parameter="),),
