@@ -12,8 +12,9 @@ import random
 import re
 from typing import Any
 
+from looprl.datasets import train_eval_tasks
 from looprl.envs.arithmetic import calculate, safe_eval
-from looprl.envs.base import Limits, ToolEnv
+from looprl.envs.base import Limits, TaskSource, ToolEnv
 from looprl.envs.kit import final_answer_text, split_of, tool_call_validity, used_tool
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
@@ -64,17 +65,35 @@ def answer_format(episode: EpisodeResult) -> float:
 
 
 def load_environment(
-    max_turns: int = 4, max_tokens_per_turn: int = 96, max_context_tokens: int = 1024, **kwargs: Any
+    max_turns: int = 4,
+    max_tokens_per_turn: int = 96,
+    max_context_tokens: int = 1024,
+    dataset: str | None = None,
+    eval_dataset: str | None = None,
+    columns: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> ToolEnv:
-    """The calculator environment (reward: exact final answer; metrics: format and tool use)."""
+    """The calculator environment (reward: exact final answer; metrics: format and tool use).
+
+    `dataset` (and `eval_dataset`): your own tasks instead of the generated ones, a file or a
+    saved `datasets` directory read by `looprl.datasets.train_eval_tasks`; `columns` maps the
+    prompt, answer, info and id columns. Answers are compared with the number the final
+    reply states, so write them as plain numbers (`1234`, `-5`, `2.5`).
+    """
+    generated: tuple[TaskSource, TaskSource] = (
+        lambda n, seed: generate_tasks("train", n, seed),
+        lambda n, seed: generate_tasks("eval", n, seed),
+    )
+    given = train_eval_tasks(dataset, eval_dataset, env="calculator", columns=columns)
+    train, evals = given or generated
     return ToolEnv(
         name="calculator",
         tools=[calculate],
         rubric=Rubric(
             [correct_answer, answer_format, used_tool, tool_call_validity], [1.0, 0.0, 0.0, 0.0]
         ),
-        train_tasks=lambda n, seed: generate_tasks("train", n, seed),
-        eval_tasks=lambda n, seed: generate_tasks("eval", n, seed),
+        train_tasks=train,
+        eval_tasks=evals,
         limits=Limits(max_turns, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,

@@ -1,26 +1,26 @@
 """The `python_math` environment: math word problems solved with a sandboxed Python tool.
 
 Problems come from a seeded generator with exact answers (disjoint train/eval splits by hash
-bucket) or from a user JSONL of `{"question", "answer"}` rows. The model runs code in its own
-persistent sandbox session (ReTool / ToRL style; `session=False` gives the stateless tool) and
-states the final answer as `\\boxed{...}` or `The answer is ...`. Reward: answer equivalence
-checked by `math-verify`. An infrastructure failure of the sandbox (`sandbox_error`) is never
-the model's fault: the reward function raises, so the episode is a scoring error and is left out
-of training statistics instead of being scored 0.
+bucket) or from your dataset (`looprl.datasets`: JSONL, CSV, Parquet or a saved `datasets`
+directory with `question` and `answer` columns, or others mapped with `columns`). The model
+runs code in its own persistent sandbox session (ReTool / ToRL style; `session=False` gives the
+stateless tool) and states the final answer as `\\boxed{...}` or `The answer is ...`. Reward:
+answer equivalence checked by `math-verify`. An infrastructure failure of the sandbox
+(`sandbox_error`) is never the model's fault: the reward function raises, so the episode is a
+scoring error and is left out of training statistics instead of being scored 0.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import re
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-from looprl.envs.base import Limits, ToolEnv
+from looprl.datasets import train_eval_tasks
+from looprl.envs.base import Limits, TaskSource, ToolEnv
 from looprl.envs.kit import final_answer_text, shown_outcomes, split_of
 from looprl.rubrics import Rubric
 from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
@@ -86,27 +86,6 @@ def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
                 id=tid,
                 prompt=[Message(role="user", content=question)],
                 answer=_fmt(answer),
-                env="python_math",
-            )
-        )
-    return tasks
-
-
-def load_dataset(path: Path) -> list[Task]:
-    """Tasks from a JSONL file of `{"question": ..., "answer": ...}` rows."""
-    tasks = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "question" not in row or "answer" not in row:
-            raise ValueError(f'{path}:{i}: each row needs "question" and "answer"')
-        tid = str(row.get("id", f"{path.stem}-{i}"))
-        tasks.append(
-            Task(
-                id=tid,
-                prompt=[Message(role="user", content=row["question"])],
-                answer=str(row["answer"]),
                 env="python_math",
             )
         )
@@ -210,6 +189,7 @@ def code_errors(episode: EpisodeResult) -> float:
 def load_environment(
     dataset: str | None = None,
     eval_dataset: str | None = None,
+    columns: dict[str, Any] | None = None,
     session: bool = True,
     backend: str = "auto",
     max_turns: int = 6,
@@ -217,7 +197,13 @@ def load_environment(
     max_context_tokens: int = 4096,
     **kwargs: Any,
 ) -> ToolEnv:
-    """The python_math environment; `dataset`/`eval_dataset` are optional JSONL files."""
+    """The python_math environment.
+
+    `dataset` (and `eval_dataset`): your own problems instead of the generated ones, a file or a
+    saved `datasets` directory read by `looprl.datasets.train_eval_tasks` (default columns
+    `question` or `prompt`, `answer`, `id`; `columns` maps others). Without `eval_dataset`, one
+    problem in five of `dataset` (by a hash of its text) is held out for evaluation.
+    """
     executor = make_executor(backend)
     python, python_session = make_python_tools(executor)
 
@@ -231,16 +217,12 @@ def load_environment(
             if SESSION_KEY in state:
                 await executor.close_session(state[SESSION_KEY])
 
-    train: Any = (
-        load_dataset(Path(dataset))
-        if dataset
-        else (lambda n, seed: generate_tasks("train", n, seed))
+    generated: tuple[TaskSource, TaskSource] = (
+        lambda n, seed: generate_tasks("train", n, seed),
+        lambda n, seed: generate_tasks("eval", n, seed),
     )
-    evals: Any = (
-        load_dataset(Path(eval_dataset))
-        if eval_dataset
-        else (lambda n, seed: generate_tasks("eval", n, seed))
-    )
+    given = train_eval_tasks(dataset, eval_dataset, env="python_math", columns=columns)
+    train, evals = given or generated
     env = PythonMathEnv(
         name="python_math",
         tools=[python_session if session else python],
