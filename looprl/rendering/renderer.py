@@ -5,7 +5,10 @@ environment's messages are appended by rendering only the new suffix:
 
 1. render the conversation up to and including the assistant turn (no generation prompt) and
    the whole new conversation (with the generation prompt) with the tokenizer's chat template;
-2. check token for token that the first is a prefix of the second (the template only appends);
+2. check token for token that the first is a prefix of the second (the template only appends),
+   and that the prompt the turn was sampled from (the conversation before it, with the
+   generation prompt) is a prefix of the first (answering did not move earlier content, as
+   Mistral's template moves the system message onto whichever user message is last);
 3. the context grows by the *glue* the template puts after an assistant message that the model
    did not sample itself (for ChatML: the newline after `<|im_end|>`, or the whole closing when
    the turn ended on a stop string) and by the suffix tokens. Both carry mask 0.
@@ -141,10 +144,12 @@ class Renderer:
         `before` ends with the assistant message whose tokens were `sampled_ids`; `after` is
         `before` plus the environment's new messages.
         """
+        prompt_ids = self.render_ids(before[:-1], add_generation_prompt=True, tools=tools)
         prev_ids = self.render_ids(before, add_generation_prompt=False, tools=tools)
         full_ids = self.render_ids(after, add_generation_prompt=True, tools=tools)
         drop_reasoning = not self.keep_reasoning and bool(before and before[-1].reasoning_content)
-        if drop_reasoning or full_ids[: len(prev_ids)] != prev_ids:
+        moved = prev_ids[: len(prompt_ids)] != prompt_ids  # the answer moved earlier content
+        if drop_reasoning or moved or full_ids[: len(prev_ids)] != prev_ids:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))
         glue_ids = self.encode(_missing_tail(sampled_text, self.closing))
