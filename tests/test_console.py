@@ -93,16 +93,15 @@ def test_logger_prints_step_of_total_and_eta(tmp_path: Path) -> None:
     buf = io.StringIO()
     con = Console(file=buf, width=300, color_system=None)
     with MetricsLogger(tmp_path, tensorboard=False, console=con, total_steps=4) as log:
-        log.log(0, {"eval/reward": 0.1})  # the evaluation before training: no ETA yet
+        log.log(0, {"eval/reward": 0.1, "time/eval": 0.5})  # the evaluation before training
         log.log(1, {"reward/mean": 0.25, "reward/std": 0.5})
         log.log(2, {"reward/mean": 0.5, "eval/reward": 0.75})
     lines = buf.getvalue().splitlines()
-    assert lines[0].startswith("step 0/4") and "ETA" not in lines[0]
-    assert lines[1] == "  eval at step 0: reward=0.1"
-    assert lines[2].startswith("step 1/4 │ reward 0.250 ± 0.500 │ ") and ", ETA " in lines[2]
-    assert lines[3].startswith("step 2/4 │ reward 0.500 │ ") and ", ETA " in lines[3]
-    assert lines[4] == "  eval at step 2: reward=0.75"
-    assert len(lines) == 5
+    assert lines[0] == "  eval at step 0: reward=0.1"  # no step line for an evaluation alone
+    assert lines[1].startswith("step 1/4 │ reward 0.250 ± 0.500 │ ") and ", ETA " in lines[1]
+    assert lines[2].startswith("step 2/4 │ reward 0.500 │ ") and ", ETA " in lines[2]
+    assert lines[3] == "  eval at step 2: reward=0.75"
+    assert len(lines) == 4
 
 
 def test_config_summary_is_a_few_short_lines() -> None:
@@ -139,9 +138,10 @@ def test_loaded_tokenizer_does_not_warn_about_long_sequences(capfd: pytest.Captu
 
 @pytest.mark.slow
 def test_short_run_prints_no_progress_bars_or_warnings(
-    tmp_path: Path, capfd: pytest.CaptureFixture
+    tmp_path: Path, capfd: pytest.CaptureFixture, recwarn: pytest.WarningsRecorder
 ) -> None:
-    """A real two-step run of the tiny model: our lines only, no tqdm bars from transformers."""
+    """A real two-step LoRA run of the tiny model: our lines only, no tqdm bars from transformers,
+    no deprecation transformers addresses to peft."""
     from transformers.utils import logging as hf_logging
 
     from looprl.trainer.trainer import Trainer
@@ -151,6 +151,7 @@ def test_short_run_prints_no_progress_bars_or_warnings(
         None,
         {
             "model.name": "tiny",
+            "model.lora": True,
             "env.name": "calculator",
             "rollout.tasks_per_step": 2,
             "rollout.rollouts_per_task": 2,
@@ -174,3 +175,4 @@ def test_short_run_prints_no_progress_bars_or_warnings(
     assert [s[:8] for s in steps] == ["step 1/2", "step 2/2"]
     assert all(len(line) <= LINE_WIDTH for line in steps)
     assert "ETA" in steps[0]
+    assert not [w for w in recwarn if "is_gradient_checkpointing" in str(w.message)]

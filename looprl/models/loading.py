@@ -28,6 +28,7 @@ from looprl.models.cache import build_atomically, cache_root
 from looprl.models.quiet import (
     disable_progress_bars,
     quiet_gguf_conversion,
+    silence_peft_deprecation,
     silence_sequence_length_warning,
 )
 from looprl.models.tiny import tiny_path
@@ -202,6 +203,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name)
+    silence_peft_deprecation()  # the trainer may wrap this model with peft for LoRA
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     _prepare_tokenizer(tokenizer)

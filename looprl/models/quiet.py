@@ -3,14 +3,16 @@
 looprl shows its own progress (Rich bars, one line per step), so the tqdm bars transformers and
 huggingface_hub draw while loading, converting and saving weights ("Loading weights", "Writing
 model shards", "Fetching N files", "Converting and de-quantizing GGUF tensors") only interleave
-with it. Nothing else is silenced: transformers' logging level is left as it is, so its real
-warnings still show.
+with it. Besides the bars, two messages that tell a looprl user nothing are silenced, each by
+its exact text: the tokenizer's "sequence length is longer" warning and a deprecation transformers
+aims at peft. transformers' logging level is left as it is, so its real warnings still show.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +43,20 @@ def silence_sequence_length_warning(tokenizer: Any) -> None:
     flags = getattr(tokenizer, "deprecation_warnings", None)
     if isinstance(flags, dict):
         flags[SEQUENCE_LENGTH_WARNING] = True
+
+
+def silence_peft_deprecation() -> None:
+    """Ignore transformers' FutureWarning that `is_gradient_checkpointing` is deprecated.
+
+    peft reads that property when it wraps a model for LoRA; the warning is addressed to peft's
+    authors and is the same on every LoRA run. Only this message from transformers is filtered.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`is_gradient_checkpointing` is deprecated",
+        category=FutureWarning,
+        module=r"transformers\.",
+    )
 
 
 @contextlib.contextmanager

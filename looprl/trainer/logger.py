@@ -23,6 +23,7 @@ from looprl.types import EpisodeResult
 
 if TYPE_CHECKING:
     from looprl.trainer.config import TrainConfig
+    from looprl.trainer.wandb_logger import WandbLogger
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -57,7 +58,8 @@ class MetricsLogger:
     then killed) are removed, as are their rollout files and TensorBoard events, and
     `wall_time` continues from the last kept line. `console` may be a Rich `Console` to print to.
     With `total_steps`, each console line shows `step k/N` and an ETA: the mean time of the steps
-    logged by this process so far, times the steps left.
+    logged by this process so far, times the steps left. A `tracker` (`WandbLogger`) gets each
+    row too and is closed with the logger.
     """
 
     def __init__(
@@ -68,8 +70,10 @@ class MetricsLogger:
         console: bool | Console = True,
         resume_step: int | None = None,
         total_steps: int | None = None,
+        tracker: WandbLogger | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.tracker = tracker
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         self._time_offset = 0.0
@@ -126,13 +130,21 @@ class MetricsLogger:
             self._writer.flush()
         if self._console is not None:
             self._print(int(step), row)
+        if self.tracker is not None:
+            self.tracker.log(int(step), row)
         return row
 
     def _print(self, step: int, row: Mapping[str, Any]) -> None:
-        """The step line, and the held-out evaluation line when the row has one."""
+        """The step line, and the held-out evaluation line when the row has one.
+
+        A row of an evaluation alone (the one before training: eval/ and time/ keys) prints only
+        the latter.
+        """
         assert self._console is not None
-        line = format_line(step, row, total=self.total_steps, eta_s=self._eta(step))
-        self._console.print(line, highlight=False, soft_wrap=True)
+        eta = self._eta(step)
+        if any(k not in RESERVED and not k.startswith(("eval/", "time/")) for k in row):
+            line = format_line(step, row, total=self.total_steps, eta_s=eta)
+            self._console.print(line, highlight=False, soft_wrap=True)
         evals = format_eval_line(step, row)
         if evals is not None:
             self._console.print(evals, highlight=False, soft_wrap=True)
@@ -155,6 +167,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
     def __enter__(self) -> MetricsLogger:
         return self
