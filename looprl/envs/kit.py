@@ -3,6 +3,7 @@
 - `final_reply(episode)`, `final_raw(episode)`: the last assistant message, as parsed text or as
   sampled text; `final_answer_text(episode)`: where a rubric reads the final answer (the parsed
   text without reasoning blocks), `answer_text(message)` the same for any assistant message;
+  `final_reasoning(episode)`: the last turn's reasoning (`Message.reasoning_content`);
 - `tool_calls(episode, name)`: the calls the model made; `shown_outcomes(episode)`: how each call
   whose result the model saw went (`ToolOutcome`: error kind, the tool's own status);
 - `used_tool`, `tool_call_validity`: the tool-use metrics, ready to put in a `Rubric`;
@@ -55,6 +56,13 @@ def final_answer_text(episode: EpisodeResult) -> str:
     """`answer_text` of the last assistant message ("" when none): read final answers from this."""
     last = _last_assistant(episode)
     return answer_text(last) if last is not None else ""
+
+
+def final_reasoning(episode: EpisodeResult) -> str:
+    """The reasoning block of the last assistant message ("" when none): for rubrics that grade
+    the reasoning too; answers are read from `final_answer_text`, which never includes it."""
+    last = _last_assistant(episode)
+    return last.reasoning_content if last is not None else ""
 
 
 def tool_calls(episode: EpisodeResult, name: str | None = None) -> list[ToolCall]:

@@ -5,7 +5,8 @@ and nothing else; Llama 3.1 may also open the call with the `<|python_tag|>` tok
 `Llama3JsonParser`, decided here once:
 
 - a turn whose text (stripped) starts with `{` is a tool-call turn: one JSON object, or several
-  separated by `;` (vLLM's llama3_json convention), and nothing else after them;
+  separated by `;` (vLLM's llama3_json convention); text after them is a malformed call
+  (`invalid_json`) while the calls before it still run;
 - text after `<|python_tag|>` is a tool-call turn the same way; the text before it is content;
 - a JSON object with neither `name` nor `parameters`/`arguments` at the start of a turn is a
   plain answer (some tasks ask for JSON), not a call;
