@@ -104,6 +104,16 @@ def test_logger_prints_step_of_total_and_eta(tmp_path: Path) -> None:
     assert len(lines) == 4
 
 
+def test_logger_lines_fit_a_narrow_terminal(tmp_path: Path) -> None:
+    buf = io.StringIO()
+    con = Console(file=buf, width=70, color_system=None)
+    with MetricsLogger(tmp_path, tensorboard=False, console=con, total_steps=30) as log:
+        log.log(12, {k: v for k, v in ROW.items() if k not in ("step", "wall_time")})
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2 and all(len(line) <= 70 for line in lines), lines
+    assert lines[0].startswith("step 12/30 │ reward 0.412 ± 0.310 ")
+
+
 def test_config_summary_is_a_few_short_lines() -> None:
     recipe = Path(__file__).parents[1] / "looprl" / "recipes" / "calculator_tiny.toml"
     cfg = load_config(recipe, {"algorithm.overrides": {"eps_high": 0.28}})

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from looprl.console import LINE_WIDTH  # step lines fit in it; parts that would not are left out
 from looprl.files import write_text_atomically
+from looprl.trainer.wandb_logger import resolve_mode
 from looprl.types import EpisodeResult
 
 if TYPE_CHECKING:
@@ -142,10 +143,11 @@ class MetricsLogger:
         """
         assert self._console is not None
         eta = self._eta(step)
+        width = min(LINE_WIDTH, self._console.width)  # a narrower terminal gets shorter lines
         if any(k not in RESERVED and not k.startswith(("eval/", "time/")) for k in row):
-            line = format_line(step, row, total=self.total_steps, eta_s=eta)
+            line = format_line(step, row, total=self.total_steps, eta_s=eta, width=width)
             self._console.print(line, highlight=False, soft_wrap=True)
-        evals = format_eval_line(step, row)
+        evals = format_eval_line(step, row, width=width)
         if evals is not None:
             self._console.print(evals, highlight=False, soft_wrap=True)
 
@@ -198,7 +200,8 @@ def config_summary(
         f" · lr {o.lr:.1e} ({o.schedule}, warm-up {o.warmup_steps}) · temperature"
         f" {r.temperature:g} · seed {t.seed}",
         f"  engine {e.kind}{servers} on {device} · {weights} · {evals}"
-        f" · checkpoint every {t.save_every} steps",
+        f" · checkpoint every {t.save_every} steps"
+        + (f" · W&B {resolve_mode(cfg.run.wandb_mode)}" if cfg.run.wandb else ""),
     ]
     return "\n".join(lines)
 
