@@ -157,8 +157,10 @@ class EvalConfig(BaseModel):
     chat_template: str | None = Field(
         None, description="a Jinja chat template file replacing the tokenizer's, or looprl"
     )
-    keep_reasoning: bool = Field(
-        True, description="past turns keep their <think> reasoning in the prompt"
+    drop_reasoning: bool = Field(
+        False,
+        description="past turns' <think> reasoning leaves the prompt (as Qwen3's template does); "
+        "the train config's model.keep_reasoning = false",
     )
     policy: str | None = Field(
         None,
@@ -224,13 +226,15 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
         if policy.tokenizer is not None:
             set_chat_template(policy.tokenizer, cfg.chat_template)
             renderer = Renderer(
-                policy.tokenizer, parser=cfg.parser, keep_reasoning=cfg.keep_reasoning
+                policy.tokenizer, parser=cfg.parser, keep_reasoning=not cfg.drop_reasoning
             )
     metadata = {
         "kind": "eval", "env": cfg.env, "env_kwargs": cfg.env_kwargs,
         "model": cfg.policy or cfg.model, "base_url": cfg.base_url, "engine": cfg.engine.kind,
         "sampling": sampling.to_dict(), "num_tasks": len(tasks),
         "rollouts_per_task": cfg.rollouts, "split": cfg.split, "seed": cfg.seed,
+        "parser": cfg.parser, "chat_template": cfg.chat_template,
+        "drop_reasoning": cfg.drop_reasoning,
     }  # fmt: skip
     return EvalJob(
         env=env, engine=engine, tasks=tasks, rollouts_per_task=cfg.rollouts, renderer=renderer,
