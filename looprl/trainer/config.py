@@ -198,6 +198,26 @@ class RunSection(_Section):
     output_dir: str = Field("runs", description="parent directory of runs")
     name: str | None = Field(None, description="run name (default: ENV-PRESET-TIME)")
     tensorboard: bool = Field(True, description="write TensorBoard events")
+    wandb: bool = Field(
+        False,
+        description="also log to Weights & Biases: metrics each step, the config, a rollouts "
+        "table and the plot (needs pip install 'looprl[wandb]')",
+    )
+    wandb_project: str = Field("looprl", description="W&B project")
+    wandb_entity: str | None = Field(
+        None, description="W&B entity, a user or team (default: your W&B default)"
+    )
+    wandb_mode: Literal["offline", "online", "disabled"] | None = Field(
+        None,
+        description="W&B mode (default: WANDB_MODE, else offline: nothing leaves the machine, "
+        "wandb sync uploads later)",
+    )
+    wandb_dir: str | None = Field(
+        None, description="directory of W&B's files (default: WANDB_DIR, else the run directory)"
+    )
+    wandb_rollouts: int = Field(
+        4, ge=0, description="episodes per step in the W&B rollouts table (a few: one table a step)"
+    )
 
 
 class TrainConfig(_Section):

@@ -29,6 +29,7 @@ from looprl.trainer.metrics import batch_metrics, eval_metrics
 from looprl.trainer.monitors import Monitors
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
+from looprl.trainer.wandb_logger import WandbLogger, for_run
 from looprl.types import EpisodeResult, SamplingParams, Task
 
 
@@ -155,12 +156,16 @@ class Trainer:
             if self.cfg.engine.kind != "torch":
                 self._sync(0)  # servers given by URL may hold other weights: send the trainer's
         self.logger: MetricsLogger | D.SilentLogger = D.SilentLogger()
+        self.wandb: WandbLogger | None = None  # run.wandb: the logger mirrors rows to it
         if self.is_main:
+            config = self._config_record()
+            self.wandb = for_run(self.cfg.run, self.run_dir, config, resume=self.resume)
             self.logger = MetricsLogger(
                 self.run_dir,
                 tensorboard=self.cfg.run.tensorboard,
                 resume_step=self.step if self.resume else None,
                 total_steps=self.cfg.trainer.steps,
+                tracker=self.wandb,
             )
         self.monitors = Monitors.for_run(  # reward-hacking monitors; a resume replays their history
             self.cfg.monitors, self.env.rubric, self.run_dir, main=self.is_main,
@@ -399,8 +404,11 @@ class Trainer:
         from looprl.trainer.logger import save_rollouts
 
         n = self.cfg.trainer.save_rollouts
+        episodes = [ep for g in groups for ep in g]
         if n and self.is_main:
-            save_rollouts(self.run_dir, step, [ep for g in groups for ep in g][:n])
+            save_rollouts(self.run_dir, step, episodes[:n])
+        if self.wandb is not None:
+            self.wandb.log_rollouts(step, episodes)
 
     def _checkpoint(self) -> None:
         from looprl.trainer.checkpoint import save_checkpoint
@@ -435,7 +443,9 @@ class Trainer:
         from looprl.trainer.plots import plot_run
 
         if self.is_main:
-            plot_run(self.run_dir)
+            path = plot_run(self.run_dir)
+            if self.wandb is not None:
+                self.wandb.log_plot(self.step, path)
 
     def _export(self) -> None:
         from looprl.trainer.checkpoint import export_hf
