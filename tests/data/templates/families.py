@@ -91,7 +91,7 @@ def parser_name(renderer: Any) -> str:
 
 
 async def measure(
-    env_name: str, family: str, template: str | None, think: bool, tasks: int
+    env_name: str, family: str, template: str | None, think: bool, tasks: int, keep: bool = True
 ) -> dict[str, float]:
     """Mean tokens, segments and re-rendered prompt tokens per episode of a teacher's play."""
     from looprl import teachers
@@ -102,7 +102,7 @@ async def measure(
 
     tok = family_tokenizer(family, chat_template=template)
     env = load_environment(env_name)
-    renderer = Renderer(tok, env.tool_schemas)
+    renderer = Renderer(tok, env.tool_schemas, keep_reasoning=keep)
     policy = getattr(teachers, env_name)
     fmt = parser_name(renderer)
 
@@ -122,15 +122,17 @@ async def measure(
 
 
 CHOICES = [
-    ("llama3.1", None),
-    ("llama3.2", None),
-    ("mistral-v0.3", None),
-    ("qwen2.5", None),
-    ("qwen3", None),
-    ("qwen3", "looprl"),
-    ("smollm2", None),
+    ("llama3.1", None, True),
+    ("llama3.2", None, True),
+    ("mistral-v0.3", None, True),
+    ("qwen2.5", None, True),
+    ("qwen3", None, True),
+    ("qwen3", "looprl", True),
+    ("qwen3", "looprl", False),
+    ("smollm2", None, True),
 ]
-"""(family, --model.chat_template) pairs the table compares; smollm2 gets looprl's template."""
+"""(family, --model.chat_template, model.keep_reasoning) rows of the table; smollm2 gets
+looprl's template (its own cannot render tools)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,17 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--tasks", type=int, default=8, help="episodes per cell")
     opts = args.parse_args(argv)
-    print("| env | family | template | reasoning | turns | tokens | segments | re-rendered |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| env | family | template | keep_reasoning | reasoning | turns | tokens | segments "
+        "| re-rendered |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for env_name in ("calculator", "wordle"):
-        for family, template in CHOICES:
-            for think in (False, True):
-                row = asyncio.run(measure(env_name, family, template, think, opts.tasks))
+        for family, template, keep in CHOICES:
+            for think in (False, True) if keep else (True,):
+                row = asyncio.run(measure(env_name, family, template, think, opts.tasks, keep))
                 if row["errors"]:
                     print(f"errors in {env_name}/{family}: {row['errors']}", file=sys.stderr)
                 shown = template or ("looprl (installed)" if family == "smollm2" else "own")
                 print(
-                    f"| {env_name} | {family} | {shown} | {'yes' if think else 'no'} | "
+                    f"| {env_name} | {family} | {shown} | {str(keep).lower()} | "
+                    f"{'yes' if think else 'no'} | "
                     f"{row['turns']:.1f} | {row['tokens']:.0f} | {row['segments']:.1f} | "
                     f"{row['re_rendered']:.0f} |"
                 )
