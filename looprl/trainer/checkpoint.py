@@ -24,7 +24,9 @@ the damaged newer ones aside (`step_000120.damaged`), never deleting them.
 
 This module saves, loads, resumes and exports. The directory layout and crash-safe renames live
 in `looprl.trainer.checkpoint_files`, the manifest and its verification in
-`looprl.trainer.checkpoint_verify`; their public names are re-exported here.
+`looprl.trainer.checkpoint_verify`; their public names are re-exported here. Under torchrun
+with several processes checkpoints are sharded instead (`looprl.trainer.checkpoint_sharded`):
+the same directory, temp-dir-and-rename and manifest, with `torch.distributed.checkpoint` files.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ and, since format 2, each file's size and sha256. `read_checkpoint` checks the m
 and every file's size and hash before it uses any of them (a format-1 checkpoint, written before
 hashes existed, is checked by parsing its files, with a warning), then parses every file a load
 will use, so a damaged checkpoint raises `CheckpointDamaged` (naming the file and the fault)
-before anything live is changed.
+before anything live is changed. A sharded checkpoint (written under torchrun) says
+`weights: "sharded"` and `world: N`; `read_sharded` verifies it, and loading it with another
+number of processes raises `WorldSizeMismatch`, one line naming the fix.
 """
 
 from __future__ import annotations

@@ -14,10 +14,14 @@ the identity when `dist` is None):
    weights), then `gather_in_order` hands every rank the whole batch in the single-process
    order. Advantages, normalisers and the logged rollout metrics are therefore computed on the
    same global batch by every rank; each rank then trains on its share of the samples.
-4. `full_weights` gathers the full weights (`DTensor.full_tensor`) for each rank's engine.
+4. `full_weights` gathers the full weights (`DTensor.full_tensor`) for each rank's engine; a
+   LoRA model's come merged (`merge_lora`).
 5. Logging, evaluation, exports and plots happen on rank 0; the others wait at
    `wait_for_main`, on a group of its own with `trainer.main_phase_timeout_s` (an evaluation
    may take longer than one collective should).
+
+Checkpoints under torchrun are sharded (`looprl.trainer.checkpoint_sharded`); bf16 compute is
+FSDP's mixed-precision policy (`looprl.trainer.precision`).
 """
 
 from __future__ import annotations
