@@ -1,5 +1,9 @@
 """Tool-call parsing: split an assistant turn into its text and its tool calls (pluggable formats).
 
+This module holds the Hermes parser and what every format shares (`ParsedTurn`, `ParseError`
+and its kinds, `call_from_json`, `strict_loads`); the other formats (Llama-3 JSON, Mistral,
+Qwen3-Coder XML) and the table of names are in `looprl.rendering.formats`.
+
 The default format (Hermes / Qwen / many chat templates) wraps each call in a tag:
 
     <tool_call>
