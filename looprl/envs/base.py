@@ -12,10 +12,11 @@ The hooks, all async, are:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.mcp import MCPServer, MCPTools
 from looprl.rendering.parser import ParsedTurn, get_parser
 from looprl.rubrics import Rubric
 from looprl.tools.executor import ToolExecutor, count_tool_errors
@@ -227,21 +228,47 @@ class ToolEnv(Environment):
     After each assistant turn the parsed tool calls run concurrently and their results come
     back as tool messages; a turn without tool calls ends the episode. Malformed calls are
     answered with a tool message explaining the problem and counted by kind.
+
+    `mcp` adds the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields):
+    they start here and stop at `close()`, garbage collection or exit.
     """
 
     def __init__(
         self,
         *,
-        tools: Iterable[Callable[..., Any]],
+        tools: Iterable[Callable[..., Any]] = (),
+        mcp: Iterable[MCPServer | Mapping[str, Any]] | None = None,
         tool_timeout: float = 10.0,
         max_tool_result_chars: int = 4000,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.tools = make_tools(list(tools))
+        self.mcp = MCPTools(mcp) if mcp else None
+        try:
+            self.tools = make_tools([*tools, *(self.mcp.tools if self.mcp else ())])
+        except BaseException:
+            self.close()
+            raise
         self.executor = ToolExecutor(
             self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars
         )
+
+    async def setup_state(self, task: Task) -> dict[str, Any]:
+        """The base state, plus this episode's MCP sessions when a server is `per_episode`."""
+        state = await super().setup_state(task)
+        if self.mcp is not None:
+            state.update(await self.mcp.open_episode())
+        return state
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        """Close this episode's MCP sessions."""
+        if self.mcp is not None:
+            await self.mcp.close_episode(state)
+
+    def close(self) -> None:
+        """Stop the MCP servers (a no-op without them)."""
+        if self.mcp is not None:
+            self.mcp.close()
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
