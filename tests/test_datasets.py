@@ -261,3 +261,23 @@ def test_python_math_reads_question_answer_files(tmp_path):
     ids = {t.id for t in env.get_tasks("train")} | {t.id for t in env.get_tasks("eval")}
     assert ids == {r["id"] for r in rows}
     assert {t.env for t in env.get_tasks("eval")} == {"python_math"}
+
+
+SUMS = [(17, 23, 5), (48, 31, 9), (112, 7, 44), (63, 59, 1), (250, 4, 13)]
+SUMS += [(91, 88, 76), (14, 14, 14), (305, 12, 8), (77, 66, 55), (123, 45, 67)]
+
+
+def test_the_datasets_example_in_the_docs_runs_as_written(tmp_path, monkeypatch):
+    import doctest
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text("utf-8")
+    (example,) = re.findall(r"```pycon\n(>>> from looprl.datasets .*?)```", doc, flags=re.DOTALL)
+    lines = ["problem,solution,source"] + [
+        f"What is {a} * {b} + {c}?,{a * b + c},handmade" for a, b, c in SUMS
+    ]
+    (tmp_path / "sums.csv").write_text("\n".join(lines) + "\n", "utf-8")
+    monkeypatch.chdir(tmp_path)
+    test = doctest.DocTestParser().get_doctest(example, {}, "environments.md", None, 0)
+    result = doctest.DocTestRunner().run(test)
+    assert result.failed == 0 and result.attempted == 3
