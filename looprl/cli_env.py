@@ -21,15 +21,21 @@ def register(sub: Any) -> None:
     _init_parser(sub)
 
 
-def describe(module: str) -> str:
-    """The first line of a module's docstring, read from its source without importing it."""
+def describe(target: str) -> str:
+    """The first docstring line of a module, or of `module:function`'s function, read from the
+    source without importing it."""
+    module, _, function = target.partition(":")
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         spec = None
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         return "(no description)"
-    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8")))
+    node: Any = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    if function:
+        found = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == function]
+        node = found[0] if found else None
+    doc = ast.get_docstring(node) if node is not None else None
     return doc.strip().splitlines()[0] if doc else "(no description)"
 
 

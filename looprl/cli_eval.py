@@ -187,7 +187,8 @@ def env_parameters(name: str) -> dict[str, inspect.Parameter]:
     if name.endswith(".py"):
         return {}
     try:
-        factory = importlib.import_module(BUILTIN.get(name, name)).load_environment
+        module, _, function = BUILTIN.get(name, name).partition(":")
+        factory = getattr(importlib.import_module(module), function or "load_environment")
         sig = inspect.signature(factory, eval_str=True)
     except (ImportError, AttributeError, ValueError, TypeError, NameError):
         return {}

@@ -147,10 +147,18 @@ def test_version_env_list_and_aliases(capsys) -> None:
     assert main(["env", "list"]) == 0
     out = capsys.readouterr().out
     for name, text in [("calculator", "safe `calculate` tool"), ("wordle", "five-letter"),
-                       ("python_math", "sandboxed Python")]:  # fmt: skip
+                       ("python_math", "sandboxed Python"),
+                       ("number_anywhere", "appears anywhere")]:  # fmt: skip
         assert any(line.startswith(name) and text in line for line in out.splitlines()), out
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "-m STR, --model STR" in text and "-b STR, --base-url STR" in text
     assert "--env.KEY VALUE" in text and "--api-key-var" in text and "shell history" in text
+
+
+def test_env_flags_of_a_function_entry_are_checked(capsys, in_tmp) -> None:
+    """A registry entry `module:function` (the hackable toys) has its arguments read too."""
+    assert main(["eval", "number_anywhere", "--env.hihg", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean --env.high?" in err and len(err.strip().splitlines()) == 1
