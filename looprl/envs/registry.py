@@ -14,6 +14,7 @@ from looprl.envs.foreign import is_foreign, load_foreign
 
 BUILTIN = {
     "calculator": "looprl.envs.calculator",
+    "calculator_text": "looprl.envs.calculator_text",
     "search_qa": "looprl.envs.search_qa",
     "wordle": "looprl.envs.wordle",
     "reasoning_gym": "looprl.envs.reasoning_gym_env",
