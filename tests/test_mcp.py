@@ -20,7 +20,15 @@ from env_helpers import check_token_invariants, run_episode
 pytest.importorskip("mcp", reason="the mcp extra: pip install 'looprl[mcp]'")
 
 from looprl.envs.base import ToolEnv  # noqa: E402
-from looprl.mcp import MCP_ERROR, MCPServer, MCPTools, mcp_params, mcp_tool_schema  # noqa: E402
+from looprl.envs.kit import tool_call_validity  # noqa: E402
+from looprl.mcp import (
+    MCP_ERROR,
+    MCPServer,
+    MCPStartError,
+    MCPTools,
+    mcp_params,
+    mcp_tool_schema,
+)  # noqa: E402
 from looprl.mcp import config as mcp_config  # noqa: E402
 from looprl.rubrics import Rubric  # noqa: E402
 from looprl.tools.executor import TIMEOUT, UNAVAILABLE  # noqa: E402
@@ -204,6 +212,7 @@ def test_scripted_rollout_calls_the_tools_through_the_executor(tiny_tokenizer) -
         assert ep.tool_errors == {"invalid_argument": 1, MCP_ERROR: 1, "unknown_tool": 1}
         assert [o.error_kind for o in ep.tool_outcomes][-2:] == [MCP_ERROR, "unknown_tool"]
         assert not ep.errors and ep.num_tool_calls == 7
+        assert tool_call_validity(ep) == pytest.approx(1 - 3 / 7)  # mcp_error counts as failed
         again = _run(env, [call("recall"), "done"])  # one session per environment: state stays
         assert again.messages[-2].content == "milk\neggs"
     finally:
@@ -271,9 +280,11 @@ def test_a_server_that_dies_makes_calls_unavailable(tmp_path: Path) -> None:
 
 def test_failures_at_start_name_the_server_and_leave_no_process(tmp_path: Path, http_url) -> None:
     crash = [sys.executable, "-c", "import sys; sys.stderr.write('bad config file'); sys.exit(3)"]
-    with pytest.raises(RuntimeError, match=r"(?s)MCP server .* failed to start: .*bad config file"):
+    with pytest.raises(
+        MCPStartError, match=r"(?s)MCP server .* failed to start: .*bad config file"
+    ):
         ToolEnv(name="n", mcp=[MCPServer(command=crash)], rubric=Rubric([]))
-    with pytest.raises(RuntimeError, match="failed to start: FileNotFoundError"):
+    with pytest.raises(MCPStartError, match="failed to start: FileNotFoundError"):
         MCPTools([MCPServer(command=["/nonexistent/mcp-server"])])
     pid_file = tmp_path / "pid"
 

@@ -19,6 +19,7 @@ import hashlib
 import re
 from typing import Literal
 
+from looprl.mcp import MCP_ERROR
 from looprl.tools.executor import ERROR_KINDS
 from looprl.types import EpisodeResult, Message, ToolCall, ToolOutcome
 
@@ -87,8 +88,9 @@ def shown_outcomes(episode: EpisodeResult) -> list[ToolOutcome]:
 
 
 def _failed_calls(episode: EpisodeResult) -> int:
-    """Calls that failed with one of the executor's error kinds (malformed ones included)."""
-    return sum(episode.tool_errors.get(kind, 0) for kind in ERROR_KINDS)
+    """Calls that failed with one of the executor's error kinds (malformed ones included) or
+    `mcp_error` (an MCP server's error result: the tool failed on the call, as an exception is)."""
+    return sum(episode.tool_errors.get(kind, 0) for kind in (*ERROR_KINDS, MCP_ERROR))
 
 
 def used_tool(episode: EpisodeResult) -> float:

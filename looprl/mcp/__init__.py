@@ -20,7 +20,7 @@ reads end-of-file on its stdin and exits, as the MCP stdio transport requires.
 """
 
 from looprl.mcp.config import MCP_EXTRA, MCPServer
-from looprl.mcp.session import MCP_ERROR, result_text
+from looprl.mcp.session import MCP_ERROR, MCPStartError, result_text
 from looprl.mcp.tools import EPISODE_KEY, MCPTools, mcp_params, mcp_tool_schema
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "MCP_ERROR",
     "MCP_EXTRA",
     "MCPServer",
+    "MCPStartError",
     "MCPTools",
     "mcp_params",
     "mcp_tool_schema",

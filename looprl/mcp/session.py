@@ -20,6 +20,13 @@ _CLOSE_TIMEOUT = 15.0  # the SDK's stdio shutdown is bounded: 2 s for EOF, 2 s a
 _T = TypeVar("_T")
 
 
+class MCPStartError(ValueError):
+    """An MCP server did not start: a wrong command or URL, a crash, or no answer in time.
+
+    A ValueError, as a bad setting is, so `looprl eval` and `looprl train` show it as one.
+    """
+
+
 def result_text(result: Any) -> str:
     """The text of a `CallToolResult`: its text blocks, a note per non-text block, else its JSON."""
     parts: list[str] = []
@@ -132,7 +139,7 @@ class Session:
             )
             tail = self._stderr_tail()
             await self.close()
-            raise RuntimeError(
+            raise MCPStartError(
                 f"MCP server {self.server.label!r} failed to start: {reason}{tail}"
             ) from None
 

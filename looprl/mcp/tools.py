@@ -96,7 +96,7 @@ class MCPTools:
     `tools` are looprl `Tool`s (async). Servers with `per_episode=False` keep one session from
     here to `close()`; those with `per_episode=True` are started once to list their tools, then
     once per episode by `open_episode` (its result goes into the episode state) and stopped by
-    `close_episode`. Raises RuntimeError naming the server (and the end of its stderr) when one
+    `close_episode`. Raises MCPStartError (a ValueError) naming the server (and the end of its stderr) when one
     fails to start, ValueError on a tool-name clash or an unknown name in `MCPServer.tools`.
     """
 
