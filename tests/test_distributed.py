@@ -39,6 +39,7 @@ RESUME_REL, RESUME_ABS = 1e-6, 1e-7
 BF16_REL = 0.01
 # LoRA, 2 processes against one after 2 steps: merged weights measured at most 2.6e-7 apart
 LORA_MAX_DIFF = 5e-6
+VLLM_GAP = 1e-4  # |trainer - vLLM| logprobs with synced weights: float32 noise, 2e-7 in test_vllm
 VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")
 
 ARGS = [
@@ -237,3 +238,37 @@ def test_two_processes_train_lora_to_the_single_process_weights(tmp_path):
     moved = max(float((a[k] - start[k]).abs().max()) for k in a)
     print(f"LoRA, 1 vs 2 processes: merged weights max difference {gap:.3g}; update {moved:.3g}")
     assert moved > 1e-4 and gap <= LORA_MAX_DIFF
+
+
+def _have_vllm() -> bool:
+    from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
+
+    try:
+        vllm_python(install=False)
+    except VLLMSetupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _have_vllm(), reason="no vLLM venv: run `make vllm`")
+def test_two_processes_train_against_a_vllm_server(tmp_path):
+    """Rank 0 drives the server and hands the batch out; every sync reaches the server."""
+    from looprl.engines.vllm_server import VLLMServer
+    from looprl.trainer.checkpoint import export_hf
+
+    export_hf(*load_model("tiny"), tmp_path / "tiny-hf")
+    with VLLMServer(tmp_path / "tiny-hf", max_model_len=2048) as server:
+        cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--run-dir",
+               str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm",
+               "--engine.base_urls", server.base_url]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2]
+    # the server sampled from the trainer's gathered weights at both steps (float32 noise)
+    print(f"vLLM, 2 processes: logprob gap per step {[r['logprob_gap'] for r in rows]}")
+    assert all(r["logprob_gap"] < VLLM_GAP for r in rows), [r["logprob_gap"] for r in rows]
+    assert all(r["forward_tokens"] > 0 for r in rows)  # both ranks trained their share
+    final = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    start = load_model("tiny")[0].state_dict()
+    assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-3

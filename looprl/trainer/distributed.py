@@ -204,9 +204,19 @@ def my_share(items: Sequence[T], d: Dist | None) -> list[T]:
 
 
 async def run_shared(
-    d: Dist | None, items: Sequence[T], run: Callable[[list[T]], Awaitable[list[R]]]
+    d: Dist | None,
+    items: Sequence[T],
+    run: Callable[[list[T]], Awaitable[list[R]]],
+    *,
+    main_only: bool = False,
 ) -> list[R]:
-    """`run` on this rank's share of `items`, then every rank gets all results in item order."""
+    """`run` on this rank's share of `items`, then every rank gets all results in item order.
+
+    `main_only`: rank 0 runs them all (it drives remote servers) and hands every rank the
+    results, the others waiting within `main_phase_timeout_s`.
+    """
+    if d is not None and main_only:
+        return from_main(d, await run(list(items)) if d.is_main else None, slow=True)
     local = await run(my_share(items, d))
     return local if d is None else gather_in_order(d, local)
 
@@ -237,12 +247,15 @@ def gather_objects(d: Dist | None, obj: T) -> list[T]:
     return parts
 
 
-def from_main(d: Dist | None, value: T) -> T:
-    """Rank 0's `value` on every rank (a decision only rank 0 can make, e.g. early stop)."""
+def from_main(d: Dist | None, value: T, *, slow: bool = False) -> T:
+    """Rank 0's `value` on every rank (a decision only rank 0 can make, e.g. early stop).
+
+    `slow`: on the group with `main_phase_timeout_s` (rank 0 may work long before it sends).
+    """
     if d is None:
         return value
     box: list[Any] = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=d.slow_group if slow else None)
     return box[0]
 
 
@@ -273,11 +286,39 @@ def explain_failure(d: Dist | None, exc: BaseException, timeout_s: float) -> str
 def unsupported(cfg: Any) -> list[str]:
     """Settings multi-process training refuses, each with the field to change."""
     problems = []
-    if cfg.engine.kind != "torch":
-        problems.append(f"engine.kind = {cfg.engine.kind!r} (use engine.kind = 'torch')")
+    if cfg.engine.kind != "torch" and cfg.model.lora:
+        problems.append(
+            f"model.lora = true with engine.kind = {cfg.engine.kind!r} (train all weights, use "
+            "engine.kind = 'torch', or use one process)"
+        )
     if cfg.trainer.max_async_steps:
         problems.append("trainer.max_async_steps > 0 (use 0: on-policy)")
     return problems
+
+
+class FollowerEngine:
+    """The engine of ranks other than 0 when rank 0 drives remote servers (vLLM).
+
+    It samples nothing (rank 0 hands every rank the batch, see `run_shared(main_only=True)`)
+    and only follows the policy version, which the trainer reads on every rank.
+    """
+
+    token_level = True
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+
+    async def generate(self, request: Any) -> Any:
+        """Never called: only rank 0 samples."""
+        raise RuntimeError("only rank 0 samples when it drives remote servers")
+
+    def sync_weights(self, weights: Any, *, version: int | None = None) -> None:
+        """Nothing to send (rank 0 sends the weights); the version moves."""
+        self.policy_version = self.policy_version + 1 if version is None else version
+
+    async def close(self) -> None:
+        """Nothing to release."""
+        return None
 
 
 class SilentLogger:

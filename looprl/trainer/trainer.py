@@ -94,7 +94,9 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.engine: TrainableEngine
-        if cfg.engine.kind == "vllm":  # servers start from the model as loaded, before adapters
+        if cfg.engine.kind == "vllm" and not self.is_main:  # rank 0 alone drives the servers
+            self.engine = D.FollowerEngine()
+        elif cfg.engine.kind == "vllm":  # servers start from the model as loaded, before adapters
             self.engine = vllm_engine(
                 model, self.tokenizer, cfg.engine, seed=cfg.trainer.seed,
                 max_model_len=self.env.limits.max_context_tokens,
@@ -103,10 +105,9 @@ class Trainer:
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
         separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
-        self.engine_model = self.model
-        if cfg.engine.kind == "torch":  # under FSDP each rank samples from a full copy
-            own = separate or self.dist is not None
-            self.engine_model = S.engine_copy(self.model) if own else self.model
+        own = separate and cfg.engine.kind == "torch" or self.dist is not None
+        self.engine_model = S.engine_copy(self.model) if own else self.model  # full under FSDP
+        if cfg.engine.kind == "torch":  # under FSDP each rank samples from its full copy
             self.engine = make_trainable_engine(
                 "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
             )
@@ -315,7 +316,7 @@ class Trainer:
                 lambda share: run_groups(
                     self.env, self.engine, share, renderer=self.renderer, config=config,
                     max_concurrent_groups=rc.max_concurrent_groups,
-                ),
+                ), main_only=self.cfg.engine.kind != "torch",  # servers: rank 0 drives them
             )  # fmt: skip
             if not self.algo.dynamic_sampling:
                 return groups, time.perf_counter() - start, used
@@ -450,6 +451,8 @@ class Trainer:
     def _export(self) -> None:
         from looprl.trainer.checkpoint import export_hf
 
+        if self.dist is not None and self.cfg.engine.kind != "torch":  # the copy lags the servers
+            self.engine_model.load_state_dict(D.full_weights(self.model))
         if self.is_main:  # under FSDP rank 0's engine copy holds the full, synced weights
             model = self.model if self.dist is None else self.engine_model
             export_hf(model, self.tokenizer, self.run_dir / "final")
