@@ -216,7 +216,8 @@ async def run_shared(
     results, the others waiting within `main_phase_timeout_s`.
     """
     if d is not None and main_only:
-        return from_main(d, await run(list(items)) if d.is_main else None, slow=True)
+        mine = await run(list(items)) if d.is_main else None
+        return from_main(d, mine, slow=True) or []  # rank 0 always sends its list
     local = await run(my_share(items, d))
     return local if d is None else gather_in_order(d, local)
 
