@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -353,3 +356,14 @@ def test_two_training_steps_with_an_mcp_backed_environment(tmp_path: Path) -> No
     finally:
         trainer.env.close()
     assert wait_gone(int(pid_file.read_text()))
+
+
+def test_the_docs_example_runs() -> None:
+    doc = (ROOT / "docs" / "environments.md").read_text()
+    section = doc[doc.index("## MCP tools") :]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert code is not None
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.chdir(ROOT):
+        exec(code.group(1).replace('"python"', repr(sys.executable)), {})
+    assert "'notes_add', 'notes_remember'" in printed.getvalue()
