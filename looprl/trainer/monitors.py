@@ -84,6 +84,7 @@ class RewardVsHeldout:
         if previous is None:
             return Reading()
         before, now = self._reward_means(previous[0], view.step)
+        self._rewards = [(s, r) for s, r in self._rewards if s > view.step - self.window]
         if before is None or now is None:
             return Reading()
         rise, fall = now - before, previous[1] - heldout
