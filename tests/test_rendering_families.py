@@ -147,3 +147,29 @@ async def test_scripted_episode_is_token_exact(
     if think:
         replies = [m for m in ep.messages if m.role == "assistant"]
         assert all(m.reasoning_content and "<think>" not in m.content for m in replies)
+
+
+@pytest.mark.parametrize(
+    ("name", "reply", "told"),
+    [
+        ("llama3.1", 'Sure. {"name": "calculate", "parameters": {"expression": "1 +"}}',
+         "must be the whole reply"),
+        ("mistral-v0.3", '[TOOL_CALLS] [{"name": "calculate", "arguments": {"expression": 1',
+         "invalid JSON in [TOOL_CALLS]"),
+        ("qwen3-coder", "<tool_call>\n<function=calculate>\n<parameter=expression>\n1",
+         "never closed"),
+    ],
+)  # fmt: skip
+async def test_malformed_calls_in_each_format_reach_the_model(
+    name: str, reply: str, told: str
+) -> None:
+    """A bad call in any format is answered with a tool message and counted by kind."""
+    tok = tokenizer(name)
+    env = load_environment("calculator")
+    engine = ScriptedEngine([reply, "The answer is 1."], tok, eos_token=tok.eos_token)
+    task = env.get_tasks("eval", 1, seed=0)[0]
+    ep = await rollout(env, engine, task, renderer=Renderer(tok, env.tool_schemas))
+    assert ep.num_tool_calls == 1 and ep.tool_errors == {"malformed_json": 1}
+    [tool] = [m for m in ep.messages if m.role == "tool"]
+    assert tool.content.startswith("Error: ") and told in tool.content
+    assert not ep.errors
