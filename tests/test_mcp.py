@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.metadata
 import io
 import json
@@ -269,6 +270,9 @@ def test_close_stops_the_server_and_later_calls_are_unavailable(tmp_path: Path) 
     ep = _run(env, [call("add", a=1), "done"])
     assert ep.tool_outcomes[0].error_kind == UNAVAILABLE and ep.tool_outcomes[0].infra
     env.close()  # idempotent
+    ToolEnv(name="n", mcp=[stdio("--pid-file", str(pid_file))], rubric=Rubric([]))
+    gc.collect()  # an environment nobody holds stops its server too
+    assert wait_gone(int(pid_file.read_text()))
 
 
 def test_a_server_that_dies_makes_calls_unavailable(tmp_path: Path) -> None:

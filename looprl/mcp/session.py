@@ -75,6 +75,11 @@ class Loop:
         """Close every open session (stopping stdio servers), then the loop and its thread."""
         if self.closed:
             return
+        if threading.current_thread() is self.thread:  # collected on the loop's own thread
+            self.closed = True
+            task = self.loop.create_task(close_all(list(self.sessions)))
+            task.add_done_callback(lambda _: self.loop.stop())
+            return
         if self.thread.is_alive():
             closing = self.submit(close_all(list(self.sessions)))
             with contextlib.suppress(concurrent.futures.TimeoutError):
