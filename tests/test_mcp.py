@@ -241,7 +241,8 @@ def test_a_slow_tool_times_out_as_infra_and_the_session_survives() -> None:
 
 
 def test_http_sessions_per_environment_and_per_episode(http_url: str) -> None:
-    shared = ToolEnv(name="shared", mcp=[MCPServer(url=http_url)], rubric=Rubric([]))
+    server = MCPServer(url=http_url, headers={"Authorization": "Bearer test"})  # sent, not checked
+    shared = ToolEnv(name="shared", mcp=[server], rubric=Rubric([]))
     fresh = ToolEnv(
         name="fresh",
         mcp=[{"url": http_url, "per_episode": True, "prefix": "n_"}],
@@ -291,6 +292,8 @@ def test_failures_at_start_name_the_server_and_leave_no_process(tmp_path: Path, 
         MCPStartError, match=r"(?s)MCP server .* failed to start: .*bad config file"
     ):
         ToolEnv(name="n", mcp=[MCPServer(command=crash)], rubric=Rubric([]))
+    with pytest.raises(MCPStartError, match="failed to start: ConnectError"):
+        MCPTools([MCPServer(url="http://127.0.0.1:9/mcp")])  # nothing listens on port 9
     with pytest.raises(MCPStartError, match="failed to start: FileNotFoundError"):
         MCPTools([MCPServer(command=["/nonexistent/mcp-server"])])
     pid_file = tmp_path / "pid"

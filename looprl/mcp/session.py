@@ -181,11 +181,12 @@ class Session:
                 self.session = session
                 ready.set_result(None)
                 await self._stop.wait()
+        except asyncio.CancelledError:
+            ready.cancel()  # a no-op once started
+            raise
         except BaseException as exc:  # reported through `ready` while starting
             if not ready.done():
                 ready.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
         finally:
             self.session = None
 
