@@ -26,15 +26,21 @@ LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
 
 
 @pytest.fixture
-def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """W&B offline, with every directory it writes under tmp_path (never the home directory);
-    returns WANDB_DIR, where the offline runs go."""
+    yields WANDB_DIR, where the offline runs go.
+
+    wandb.init puts its service's address in WANDB_SERVICE, where a child process would find it
+    and log through this process's service instead of its own; it is removed after each test.
+    """
     pytest.importorskip("wandb")
     home = tmp_path / "wandb_home"
     monkeypatch.setenv("WANDB_MODE", "offline")
     for var in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(home / var.lower()))
-    return home / "wandb_dir"
+    os.environ.pop("WANDB_SERVICE", None)
+    yield home / "wandb_dir"
+    os.environ.pop("WANDB_SERVICE", None)
 
 
 def wandb_records(wandb_dir: Path, run_id: str) -> Iterator[Any]:
@@ -79,6 +85,12 @@ def history_and_config(
             updates = record.run.config.update if kind == "run" else record.config.update
             config.update({u.key: json.loads(u.value_json) for u in updates})
     return history, config
+
+
+def own_env() -> dict[str, str]:
+    """The environment of a child process that starts its own W&B service (see `offline`)."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return {**env, "OMP_NUM_THREADS": "1"}
 
 
 def episode(task_id: str, reward: float) -> EpisodeResult:
@@ -173,9 +185,8 @@ def test_looprl_train_with_run_wandb_logs_quietly_and_exits(tmp_path, offline):
         "--trainer.eval_tasks", "2", "--trainer.save_every", "2", "--run.tensorboard", "false",
         "--run.wandb", "true", "--run.wandb_rollouts", "2",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # the timeout only catches a hang at exit; the run itself takes seconds
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(args, capture_output=True, text=True, env=own_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     output = done.stdout + done.stderr
     assert not [line for line in output.splitlines() if line.startswith("wandb")], output[-2000:]
@@ -205,7 +216,7 @@ def test_a_run_that_dies_without_close_still_exits_and_keeps_its_rows(tmp_path, 
     )
     # the timeout only catches a hang at exit
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=own_env()
     )
     assert done.returncode == 3 and done.stdout == "", done.stderr[-2000:]
     assert not [line for line in done.stderr.splitlines() if line.startswith("wandb")]
