@@ -370,5 +370,6 @@ async def _with_progress(job: EvalJob) -> EvalOutcome:
             outcome = await run_eval(job)
         finally:
             await job.engine.close()
+            job.env.close()
         bar.update(task_id, completed=total)  # a resumed run counts the kept episodes too
     return outcome

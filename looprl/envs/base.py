@@ -179,6 +179,10 @@ class Environment:
         """
         return self
 
+    def close(self) -> None:
+        """Release what the environment holds for the whole run (MCP servers); the trainer and
+        `looprl eval` call it on every exit path. A no-op here; safe to call twice."""
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """Per-episode state; keys here fill hidden tool arguments. Override to add resources."""
         return {"task": task}

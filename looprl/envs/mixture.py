@@ -91,6 +91,11 @@ class MixtureEnv(Environment):
             )
         return env
 
+    def close(self) -> None:
+        """Close every member environment."""
+        for env in self.envs.values():
+            env.close()
+
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """Every member's tool schemas, first occurrence of each name (the rollout uses the member's own)."""

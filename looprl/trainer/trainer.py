@@ -233,6 +233,7 @@ class Trainer:
                 asyncio.run(close())
             raise
         finally:
+            self.env.close()  # MCP servers and the like stop with the run
             if hasattr(self, "logger"):
                 self.logger.close()
 
