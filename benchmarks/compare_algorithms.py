@@ -11,7 +11,10 @@ on-policy baseline (`--updates-per-batch 1 2 4 --max-async-steps 0 1 2` gives fi
 
 The sweep is resumable (benchmarks/compare_runs.py): rerun the same command after a stop and
 finished runs are read back, interrupted ones continue from their last checkpoint (every
-`--save-every` steps, default `--eval-every`). It writes `summary.json` (every run, its status and
+`--save-every` steps, default `--eval-every`). Batches are never generated ahead across a
+checkpoint (so a resumed run regenerates them exactly), so each checkpoint drains the async
+pipeline for one step: a larger `--save-every` keeps async runs nearer their steady state, and
+`summary.json` gives each run's mean `staleness` to show what ran. It writes `summary.json` (every run, its status and
 statistics), two plots per regime (held-out accuracy against steps and against wall-clock), and
 prints a markdown table for docs/results.md (benchmarks/compare_report.py says what each column
 means, and the collapse rule).
