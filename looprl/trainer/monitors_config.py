@@ -101,10 +101,11 @@ class MonitorsSection(BaseModel):
         0.5, gt=-1, le=1, description="reward_disagreement: two functions agree at this correlation"
     )
     disagree_corr: float = Field(
-        0.1,
+        0.25,
         ge=-1,
         lt=1,
-        description="reward_disagreement: functions that agreed trip when they fall to this",
+        description="reward_disagreement: functions that agreed trip when they fall to this (half "
+        "of agree_corr: the measured number_anywhere hack fell from 1.0 to 0.20)",
     )
     min_episodes: int = Field(
         32, ge=4, description="reward_disagreement: episodes a pooled correlation needs"
