@@ -117,6 +117,9 @@ def test_offline_run_holds_metrics_config_rollouts_and_plot(tmp_path, offline, c
     Figure(figsize=(1, 1)).savefig(png)
     logger.log_plot(2, png)
     logger.close()
+    import wandb
+
+    wandb.teardown()  # the service writes the run's file on its own time: wait for it, as exit does
     assert capfd.readouterr() == ("", "")  # no banner, no summary, no captured console
 
     history, config = history_and_config(offline, run_dir)
