@@ -186,10 +186,11 @@ def add_model_flags(
     for name, info in model.model_fields.items():
         if name in skip or _is_section(info.annotation):
             continue
-        default = info.get_default(call_default_factory=True)
         flags = [*([short[name]] if short and name in short else []), flag_of(name)]
         help_text = info.description or ""
-        if default is not None:
+        if info.is_required():
+            help_text += " (required)"
+        elif (default := info.get_default(call_default_factory=True)) is not None:
             help_text += f" (default: {show_value(default)})"
         if info.annotation is bool:
             parser.add_argument(

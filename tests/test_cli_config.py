@@ -61,6 +61,7 @@ def test_sft_and_eval_flags_come_from_their_models(capsys) -> None:
     text = " ".join(_help(capsys, ["sft", "--help"]).split())
     for f in model_fields(SFTConfig):
         assert f"--{f.key.replace('_', '-')}" in text
+    assert "writes) (required)" in text and "Undefined" not in text  # --data has no default
     text = " ".join(_help(capsys, ["eval", "--help"]).split())
     for f in model_fields(EvalConfig):
         if f.key not in ("env", "env_kwargs") and not f.key.startswith("engine."):

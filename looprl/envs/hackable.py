@@ -29,22 +29,34 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
 def generate_tasks(split: str, n: int, seed: int, low: int = 10, high: int = 99) -> list[Task]:
-    """`n` distinct `A + B` questions of a split (a hash of the question picks the split)."""
-    share = 0.2 if split == "eval" else 0.8  # split_of puts one question in five in eval
-    if low > high or (high - low + 1) ** 2 * share < 1.25 * n:
-        raise ValueError(
-            f"operands from {low} to {high} give too few {split} questions for n={n}; widen them"
-        )
+    """`n` distinct `A + B` questions of a split (a hash of the question picks the split); when
+    the operands give fewer, all of the split's questions in a seeded order (a finite pool: the
+    trainer's epochs then hold that many)."""
+    if low > high:
+        raise ValueError(f"operands from {low} to {high}: low must not exceed high")
     rng = random.Random(f"hackable-{split}-{seed}")
+    share = 0.2 if split == "eval" else 0.8  # split_of puts one question in five in eval
+    if (high - low + 1) ** 2 * share < 1.25 * n:  # too few to draw by rejection: list them all
+        pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
+        rng.shuffle(pairs)
+        pool = [_task(a, b) for a, b in pairs if split_of(f"What is {a} + {b}?") == split]
+        if not pool:
+            raise ValueError(f"operands from {low} to {high} give no {split} questions; widen them")
+        return pool[:n]
     tasks: dict[str, Task] = {}
     while len(tasks) < n:
         a, b = rng.randint(low, high), rng.randint(low, high)
         question = f"What is {a} + {b}?"
         if split_of(question) != split or question in tasks:
             continue
-        tid = "add-" + hashlib.sha256(question.encode()).hexdigest()[:12]
-        tasks[question] = Task(tid, [Message(role="user", content=question)], str(a + b))
+        tasks[question] = _task(a, b)
     return list(tasks.values())
+
+
+def _task(a: int, b: int) -> Task:
+    question = f"What is {a} + {b}?"
+    tid = "add-" + hashlib.sha256(question.encode()).hexdigest()[:12]
+    return Task(tid, [Message(role="user", content=question)], str(a + b))
 
 
 def number_in_reply(episode: EpisodeResult) -> float:
