@@ -240,3 +240,19 @@ def test_the_hook_example_in_environments_md_runs(tmp_path, tiny_tokenizer):
         r["name"]: r["mean_reward"] for r in result.document["rows"] if r["verdict"] != "resisted"
     }
     assert paid == {"hedged_answers": 0.5, "many_answers": 0.15, "flattery": 0.5}  # as the doc says
+
+
+def test_small_operand_ranges_give_their_whole_pool() -> None:
+    """Operands 1..12 hold fewer questions than an epoch asks: each split gives all of its own."""
+    from looprl.envs.hackable import generate_tasks
+    from looprl.envs.registry import load_environment
+
+    train = generate_tasks("train", 1000, 0, 1, 12)
+    held_out = generate_tasks("eval", 64, 0, 1, 12)
+    questions = {t.prompt[0].content for t in train} | {t.prompt[0].content for t in held_out}
+    assert len(train) + len(held_out) == len(questions) == 144  # disjoint, and every pair once
+    env = load_environment("number_final", low=1, high=12)
+    stream = env.iter_train_tasks(seed=0)
+    assert {next(stream).prompt[-1].content for _ in range(len(train))} == {
+        t.prompt[0].content for t in train
+    }
