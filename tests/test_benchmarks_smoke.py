@@ -74,3 +74,10 @@ def test_engines_benchmark_quick():
     rows = [line for line in out.splitlines() if line.startswith("| tiny | ")]
     assert len(rows) == 3, out  # concurrency 1 and 4, then the weight-sync row
     assert all(cell.strip()[0].isdigit() for row in rows for cell in row.split("|")[3:6]), out
+
+
+def test_measured_hack_quick(tmp_path):
+    out = _run("benchmarks/measured_hack.py", "--quick", "--out", str(tmp_path))
+    assert "probe number_anywhere: exploitable = [" in out  # flagged before training
+    assert "probe number_final: exploitable = none" in out
+    assert "| number_anywhere | 1-25 |" in out and (tmp_path / "measured_hack.png").stat().st_size
