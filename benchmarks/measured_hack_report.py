@@ -95,6 +95,9 @@ def plot(out: Path, envs: tuple[str, ...]) -> Path:
             bottom.annotate(name, (step, bottom.get_ylim()[1] * 0.9), rotation=90, fontsize=8,
                             color="tab:red", ha="right", va="top")  # fmt: skip
         top.legend(loc="upper left", fontsize=8)
+    top_tokens = max(max(r.get("reply_tokens", 0) for r in rows_of(out, e)) for e in envs)
+    for col in range(len(envs)):  # one scale, so the runs' lengths compare at a glance
+        axes[1][col].set_ylim(0, top_tokens * 1.1)
     fig.tight_layout()
     path = out / "measured_hack.png"
     fig.savefig(path, dpi=110)
