@@ -320,6 +320,8 @@ env = ToolEnv(name="n", mcp=[MCPServer(command=[sys.executable, {server!r}, "--p
               rubric=Rubric([]))
 print("ready", flush=True)
 if {how!r} == "interrupt":
+    # a shell starting this in the background hands it SIGINT ignored; a terminal would not
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C would: KeyboardInterrupt, then exit
     time.sleep(30)
 else:

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from looprl.envs.base import Environment
@@ -33,6 +34,16 @@ def available_environments() -> list[str]:
     return sorted(names)
 
 
+def import_file(path: Path) -> ModuleType:
+    """Import an environment's `.py` file as a module named after it."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import environment file {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _import_target(name: str) -> Any:
     if is_foreign(name):  # verifiers:MODULE, openenv:MODULE[:CLASS] (looprl/envs/foreign)
         return functools.partial(load_foreign, name)
@@ -45,12 +56,7 @@ def _import_target(name: str) -> Any:
             return ep.load()
     path = Path(name)
     if path.suffix == ".py" and path.exists():
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"cannot import environment file {name!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return import_file(path)
     try:
         return importlib.import_module(name.replace("-", "_"))
     except ModuleNotFoundError as exc:

@@ -237,6 +237,23 @@ def load_checkpoint(
     return found.state
 
 
+def set_aside_damaged(
+    tried: list[tuple[Path, str]], loaded: Path, warn: Warn
+) -> list[tuple[Path, str]]:
+    """Move each damaged checkpoint newer than `loaded` aside (`warn` names it and why); returns
+    (where each now is, its reason)."""
+    damaged = []
+    for bad, reason in tried:
+        try:
+            kept = set_aside(bad)
+            where = f"kept as {kept.name} for inspection"
+        except OSError as e:
+            kept, where = bad, f"could not move it aside ({e.strerror}), so it stays in place"
+        warn(f"checkpoint {bad.name} is damaged: {reason}; resuming from {loaded.name} ({where})")
+        damaged.append((kept, reason))
+    return damaged
+
+
 def resume_latest(
     run_dir: str | Path,
     *,
@@ -265,16 +282,7 @@ def resume_latest(
         except CheckpointDamaged as e:
             tried.append((path, e.reason))
             continue
-        damaged = []
-        for bad, reason in tried:
-            try:
-                kept = set_aside(bad)
-                where = f"kept as {kept.name} for inspection"
-            except OSError as e:
-                kept, where = bad, f"could not move it aside ({e.strerror}), so it stays in place"
-            warn(f"checkpoint {bad.name} is damaged: {reason}; resuming from {path.name} ({where})")
-            damaged.append((kept, reason))
-        return Resumed(path=path, state=state, damaged=damaged)
+        return Resumed(path=path, state=state, damaged=set_aside_damaged(tried, path, warn))
     if tried:
         raise NoIntactCheckpoint(Path(run_dir) / CHECKPOINTS, tried)
     return None

@@ -40,6 +40,7 @@ from looprl.trainer.checkpoint import (
     _torch_save,
     _write_text,
     resume_latest,
+    set_aside_damaged,
 )
 from looprl.trainer.checkpoint_files import (
     COMPLETE,
@@ -200,16 +201,7 @@ def _find_intact(run_dir: str | Path, world: int, warn: Warn) -> Resumed | None:
         except CheckpointDamaged as e:
             tried.append((path, e.reason))
             continue
-        damaged = []
-        for bad, reason in tried:
-            try:
-                kept = set_aside(bad)
-                where = f"kept as {kept.name} for inspection"
-            except OSError as e:
-                kept, where = bad, f"could not move it aside ({e.strerror}), so it stays in place"
-            warn(f"checkpoint {bad.name} is damaged: {reason}; resuming from {path.name} ({where})")
-            damaged.append((kept, reason))
-        return Resumed(path=path, state=state, damaged=damaged)
+        return Resumed(path=path, state=state, damaged=set_aside_damaged(tried, path, warn))
     if tried:
         raise NoIntactCheckpoint(Path(run_dir) / "checkpoints", tried)
     return None

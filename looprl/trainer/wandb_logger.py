@@ -98,6 +98,9 @@ class WandbLogger:
             x_disable_machine_info=True, disable_git=True, disable_code=True,
         )  # fmt: skip
         run_id = self._run_id(resume)
+        # wandb advertises Weave in three console lines when mcp, openai or verifiers are
+        # imported (silent=True does not cover it); a user who wants Weave sets this to false
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
         try:
             self.run = wandb.init(
                 project=project, entity=entity, dir=str(out), name=self.run_dir.name,

@@ -62,16 +62,13 @@ def require(package: str, extra: str, what: str) -> ModuleType:
 
 def import_module_or_file(target: str) -> ModuleType:
     """Import a module path, an installed package (`-` read as `_`) or a `.py` file."""
+    from looprl.envs.registry import import_file  # the registry imports this package
+
     path = Path(target)
     if path.suffix == ".py":
         if not path.exists():
             raise ValueError(f"environment file {target!r} does not exist")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"cannot import environment file {target!r}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return import_file(path)
     try:
         return importlib.import_module(target.replace("-", "_"))
     except ModuleNotFoundError as exc:
