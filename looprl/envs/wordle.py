@@ -104,9 +104,7 @@ def guesses_of(episode: EpisodeResult) -> list[str | None]:
     _, valid = word_lists()
     target = episode.task.answer or ""
     return [
-        judge(answer_text(m), target, valid)[0]
-        for m in episode.messages
-        if m.role == "assistant"
+        judge(answer_text(m), target, valid)[0] for m in episode.messages if m.role == "assistant"
     ][:MAX_GUESSES]
 
 
