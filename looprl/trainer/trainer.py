@@ -105,7 +105,7 @@ class Trainer:
         self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
         self.model.eval()
         separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
-        own = separate and cfg.engine.kind == "torch" or self.dist is not None
+        own = (separate and cfg.engine.kind == "torch") or self.dist is not None
         self.engine_model = S.engine_copy(self.model) if own else self.model  # full under FSDP
         if cfg.engine.kind == "torch":  # under FSDP each rank samples from its full copy
             self.engine = make_trainable_engine(
