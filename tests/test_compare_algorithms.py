@@ -38,7 +38,7 @@ def _rows(acc: list[float], entropy: list[float], clip: float = 0.1) -> list[dic
 
 def test_run_stats_reach_means_and_collapse_flags():
     # accuracy 0.5 -> 0.2 -> 0.6 -> 0.3 at steps 0, 2, 4, 6: target 0.55 first reached at step 4
-    # (wall 40 s); it ends 0.2 below its start (> margin 0.1): an accuracy collapse. Entropy 1.0
+    # (wall 40 s); it ends 0.3 below its best (> margin 0.1): an accuracy collapse. Entropy 1.0
     # for three steps, then 0.2 for three: 0.2 < 0.25 x 1.0, an entropy collapse too.
     stats = run_stats(_rows([0.5, 0.2, 0.6, 0.3], [1, 1, 1, 0.2, 0.2, 0.2]), KEY, 0.55)
     assert (stats.start, stats.final) == (0.5, 0.3)
@@ -49,6 +49,9 @@ def test_run_stats_reach_means_and_collapse_flags():
     # a run that ends 0.05 below its start with entropy halved: no collapse at the defaults
     calm = run_stats(_rows([0.5, 0.5, 0.5, 0.45], [1, 1, 1, 0.5, 0.5, 0.5]), KEY, 0.9)
     assert calm.collapse == "" and calm.reach_step is None
+    # climbs to 0.4 and falls back to 0.05, near its start of 0.1: collapsed from its best
+    fell = run_stats(_rows([0.1, 0.4, 0.3, 0.05], [1] * 6), KEY, 0.9)
+    assert fell.collapse == "accuracy"
 
 
 def test_table_and_curves_average_over_seeds():
