@@ -6,6 +6,7 @@ import pytest
 from env_helpers import check_token_invariants, run_episode
 
 from looprl.envs.wordle import (
+    consistent,
     fewer_guesses,
     invalid_guesses,
     judge,
@@ -17,6 +18,7 @@ from looprl.envs.wordle import (
     split_of,
     win,
     word_lists,
+    word_pool,
 )
 from looprl.types import EpisodeResult, Message, Task
 
@@ -135,3 +137,46 @@ async def test_token_level_masks(tiny_tokenizer):
     ep = await run_episode(env, task, script, tiny_tokenizer)
     check_token_invariants(ep, env, tiny_tokenizer)
     assert ep.rewards["win"] == 1.0 and ep.rewards["invalid_guesses"] == 1.0
+
+
+def test_pool_is_fixed_split_and_small():
+    pool = word_pool(200)
+    assert len(pool) == 200 and pool == word_pool(200) and set(pool) <= set(word_lists()[0])
+    train = {t.answer for t in make_tasks("train", 500, 0, pool=200)}
+    test = {t.answer for t in make_tasks("eval", 500, 0, pool=200)}
+    assert train | test == set(pool) and not train & test
+    left = consistent(pool, [("slate", score_guess("slate", pool[0]))])
+    assert pool[0] in left and left == sorted(left) and len(left) < len(pool)
+    with pytest.raises(ValueError, match="pool=0"):
+        load_environment(pool=0)
+    with pytest.raises(ValueError, match="hint=-1"):
+        load_environment(hint=-1)
+
+
+async def test_hint_lists_the_words_still_possible():
+    env = load_environment(pool=300, hint=3)
+    assert "one of 300 words" in env.system_prompt
+    task = env.get_tasks("eval", 1)[0]
+    ep = await run_episode(env, task, ["<guess>slate</guess>", "no guess", f"<guess>{task.answer}</guess>"])  # fmt: skip
+    first, second = [m.content for m in ep.messages if m.role == "user"][1:3]
+    left = consistent(word_pool(300), [("slate", score_guess("slate", task.answer))])
+    assert task.answer in left
+    listed = first.splitlines()[1]
+    assert listed.startswith(f"Possible words: {', '.join(left[:3])}")
+    assert (f"(and {len(left) - 3} more)" in listed) == (len(left) > 3)
+    assert second.splitlines()[1] == listed  # an invalid reply narrows nothing
+    assert ep.state["won"] and ep.num_turns == 3
+
+
+async def test_teacher_picks_a_listed_word_and_wins_the_easy_game():
+    from looprl import teachers
+
+    env = load_environment(pool=300, hint=10)
+    tasks = env.get_tasks("train", 20, seed=1)
+    episodes = await teachers.teacher_episodes(env, lambda task: teachers.wordle, tasks)
+    assert all(e.rewards["win"] == 1.0 for e in episodes)
+    for e in episodes:
+        for prev, reply in zip(e.messages, e.messages[1:], strict=False):
+            if reply.role == "assistant" and "Possible words: " in prev.content:
+                first = prev.content.split("Possible words: ")[1].split(",")[0].split()[0]
+                assert reply.content == f"<guess>{first}</guess>"

@@ -11,6 +11,11 @@ Words come from the `reasoning-gym` package's data files, read as text (the pack
 not imported): targets are the 2,315 Wordle answer words, and valid guesses add every
 five-letter word of its `words3to10.txt`. Targets are split by a hash of the word, one in five
 to eval, so train and eval never share a secret word.
+
+Two arguments make an easier game, a curriculum for small models: `pool=N` draws secrets from a
+fixed set of N answer words (the same N every time), and `hint=K` adds to each feedback the
+first K words of that set still consistent with every feedback so far (`Possible words: ...`),
+so the player's task becomes reading the feedback and choosing among the words left.
 """
 
 from __future__ import annotations
@@ -57,6 +62,23 @@ def word_lists() -> tuple[tuple[str, ...], frozenset[str]]:
     )
     valid = frozenset(targets) | {w for w in extra if len(w) == 5 and w.isalpha() and w.isascii()}
     return targets, valid
+
+
+@functools.cache
+def word_pool(size: int | None) -> tuple[str, ...]:
+    """The answer words secrets come from: all of them, or the first `size` in a fixed hash order."""
+    targets, _ = word_lists()
+    if size is None:
+        return targets
+    if not 1 <= size <= len(targets):
+        raise ValueError(f"wordle pool={size}: choose 1..{len(targets)} (None: every answer word)")
+    order = sorted(targets, key=lambda w: hashlib.sha256(f"pool:{w}".encode()).hexdigest())
+    return tuple(sorted(order[:size]))
+
+
+def consistent(words: tuple[str, ...], history: list[tuple[str, str]]) -> list[str]:
+    """The words that would have given every (guess, marks) feedback in `history`."""
+    return [w for w in words if all(score_guess(g, w) == m for g, m in history)]
 
 
 def split_of(word: str) -> str:
@@ -140,15 +162,27 @@ def num_guesses(episode: EpisodeResult) -> float:
 class WordleEnv(MultiTurnEnv):
     """Wordle as a multi-turn environment: feedback after each guess, at most six guesses."""
 
+    pool: tuple[str, ...] = ()
+    hint: int = 0
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """The secret word and the feedback shown so far."""
-        return {"task": task, "target": task.answer, "history": [], "won": False}
+        return {"task": task, "target": task.answer, "history": [], "marks": [], "won": False}
+
+    def possible_words(self, marks: list[tuple[str, str]]) -> str:
+        """The hint line: the first `hint` pool words consistent with the feedback so far."""
+        left = consistent(self.pool, marks)
+        more = f" (and {len(left) - self.hint} more)" if len(left) > self.hint else ""
+        return f"Possible words: {', '.join(left[: self.hint])}{more}\n"
 
     async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
         """Judge the last guess; end the game on a win or after the sixth guess."""
         last = messages[-1]
-        marks, feedback = judge(answer_text(last), state["target"], word_lists()[1])
+        text = answer_text(last)
+        marks, feedback = judge(text, state["target"], word_lists()[1])
         state["history"].append(feedback)
+        if marks is not None:
+            state["marks"].append((parse_guess(text), marks))
         if marks == "GGGGG":
             state["won"] = True
             return []  # an empty reply ends the episode
@@ -156,13 +190,13 @@ class WordleEnv(MultiTurnEnv):
         if left <= 0:
             return []
         plural = "es" if left > 1 else ""
-        return [Message(role="user", content=f"{feedback}\n{left} guess{plural} left.")]
+        hint = self.possible_words(state["marks"]) if self.hint else ""
+        return [Message(role="user", content=f"{feedback}\n{hint}{left} guess{plural} left.")]
 
 
-def make_tasks(split: str, n: int, seed: int) -> list[Task]:
+def make_tasks(split: str, n: int, seed: int, pool: int | None = None) -> list[Task]:
     """`n` games of a split with secret words drawn without replacement by `seed`."""
-    targets, _ = word_lists()
-    words = [w for w in targets if split_of(w) == split]
+    words = [w for w in word_pool(pool) if split_of(w) == split]
     chosen = random.Random(f"wordle-{split}-{seed}").sample(words, min(n, len(words)))
     prompt = "Guess the secret word. You have 6 guesses."
     return [
@@ -176,18 +210,32 @@ def make_tasks(split: str, n: int, seed: int) -> list[Task]:
 
 
 def load_environment(
-    max_tokens_per_turn: int = 128, max_context_tokens: int = 2048, **kwargs: Any
+    max_tokens_per_turn: int = 128,
+    max_context_tokens: int = 2048,
+    pool: int | None = None,
+    hint: int = 0,
+    **kwargs: Any,
 ) -> WordleEnv:
-    """The wordle environment (reward: win + 0.2 x partial credit + 0.2 x fewer-guesses bonus)."""
+    """The wordle environment (reward: win + 0.2 x partial credit + 0.2 x fewer-guesses bonus).
+
+    `pool=N` plays with secrets from N fixed answer words; `hint=K` lists up to K of them still
+    possible after each guess (both off by default: the full game)."""
+    if hint < 0:
+        raise ValueError(f"wordle hint={hint}: the number of possible words to show is 0 or more")
     rubric = Rubric(
         [win, partial_credit, fewer_guesses, invalid_guesses, num_guesses],
         weights=[1.0, 0.2, 0.2, 0.0, 0.0],
     )
-    return WordleEnv(
+    words = word_pool(pool)
+    if pool is not None:
+        kwargs.setdefault(
+            "system_prompt", f"{SYSTEM_PROMPT} The secret word is one of {pool} words."
+        )
+    env = WordleEnv(
         name="wordle",
         rubric=rubric,
-        train_tasks=lambda n, seed: make_tasks("train", n, seed),
-        eval_tasks=lambda n, seed: make_tasks("eval", n, seed),
+        train_tasks=lambda n, seed: make_tasks("train", n, seed, pool),
+        eval_tasks=lambda n, seed: make_tasks("eval", n, seed, pool),
         limits=Limits(
             max_turns=MAX_GUESSES,
             max_tokens_per_turn=max_tokens_per_turn,
@@ -196,3 +244,5 @@ def load_environment(
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )
+    env.pool, env.hint = words, hint
+    return env
