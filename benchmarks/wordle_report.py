@@ -1,0 +1,138 @@
+"""What a wordle run's held-out games show at each evaluation: wins with an error bar, and how games are lost.
+
+Reads `RUN_DIR/eval/step_*/results.jsonl` (the trainer's evaluations, the same games each time)
+and replays every game's messages against the environment's rules: win rate with a 95% Wilson
+interval, guesses per win, and the failure modes (replies without a valid guess, guesses that
+contradict earlier feedback, a word guessed twice, guesses outside the words the hint listed).
+The change from the first evaluation to the last is paired per game (the same secret words), with
+a bootstrap 95% interval.
+
+    .venv/bin/python -m benchmarks.wordle_report runs/wordle/rl-s0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from looprl.envs.wordle import MAX_GUESSES, consistent, judge, parse_guess, word_lists
+
+_LISTED = re.compile(r"^Possible words: (.*?)(?: \(and \d+ more\))?$", re.MULTILINE)
+
+
+def wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a win rate (sound at 0 and at n)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = wins / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def replay(messages: list[dict[str, Any]], target: str) -> dict[str, Any]:
+    """One game's outcome and faults, from its messages."""
+    _, valid = word_lists()
+    history: list[tuple[str, str]] = []
+    listed: list[str] | None = None
+    faults = {"invalid": 0, "contradicts": 0, "repeat": 0, "off_list": 0}
+    won_at = None
+    for m in messages:
+        if m["role"] == "user":
+            found = _LISTED.search(m["content"])
+            listed = found.group(1).split(", ") if found else listed
+            continue
+        if (
+            m["role"] != "assistant"
+            or won_at is not None
+            or len(history) + faults["invalid"] >= MAX_GUESSES
+        ):
+            continue
+        marks, _ = judge(m["content"], target, valid)
+        guess = parse_guess(m["content"])
+        if marks is None or guess is None:
+            faults["invalid"] += 1
+            continue
+        faults["repeat"] += guess in {g for g, _ in history}
+        faults["contradicts"] += bool(history) and not consistent((guess,), history)
+        faults["off_list"] += listed is not None and guess not in listed
+        history.append((guess, marks))
+        if marks == "GGGGG":
+            won_at = len(history) + faults["invalid"]
+    return {"target": target, "won": won_at is not None, "guesses": won_at, **faults}
+
+
+def evaluations(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Every evaluation of the run: step -> replayed games, in a fixed order of secret words."""
+    found = {}
+    for path in sorted(run_dir.glob("eval/step_*/results.jsonl")):
+        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
+        games = [replay(r["messages"], r["task"]["answer"]) for r in rows]
+        found[int(path.parent.name.removeprefix("step_"))] = sorted(
+            games, key=lambda g: g["target"]
+        )
+    if not found:
+        raise SystemExit(f"{run_dir}: no eval/step_*/results.jsonl (was the run evaluated?)")
+    return found
+
+
+def paired_gain(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], draws: int = 2000
+) -> tuple[float, float, float]:
+    """Win-rate change over the same games and its bootstrap 95% interval."""
+    by_word = {g["target"]: g["won"] for g in before}
+    diffs = [float(g["won"]) - float(by_word[g["target"]]) for g in after if g["target"] in by_word]
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(draws))
+    return statistics.fmean(diffs), means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def table(evals: dict[int, list[dict[str, Any]]]) -> str:
+    """The markdown table: one row per evaluation."""
+    lines = [
+        "| step | games | win rate [95% CI] | guesses per win | invalid replies / game | contradicting guesses / game | repeats / game | guesses off the hint list / game |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for step, games in evals.items():
+        n, wins = len(games), sum(g["won"] for g in games)
+        low, high = wilson(wins, n)
+        per_win = [g["guesses"] for g in games if g["won"]]
+        gpw = f"{statistics.fmean(per_win):.2f}" if per_win else "-"
+        rate = {
+            k: sum(g[k] for g in games) / n
+            for k in ("invalid", "contradicts", "repeat", "off_list")
+        }
+        lines.append(
+            f"| {step} | {n} | {wins / n:.3f} [{low:.3f}, {high:.3f}] | {gpw} | {rate['invalid']:.2f} "
+            f"| {rate['contradicts']:.2f} | {rate['repeat']:.2f} | {rate['off_list']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the table and the paired first-to-last change; write wordle_report.json in the run."""
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("run_dir", type=Path)
+    args = p.parse_args(argv)
+    evals = evaluations(args.run_dir)
+    first, last = min(evals), max(evals)
+    print(table(evals))
+    if last != first:
+        gain, low, high = paired_gain(evals[first], evals[last])
+        print(
+            f"\nwin rate change, step {first} -> {last} (paired, same games): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
+        )
+    out = args.run_dir / "wordle_report.json"
+    out.write_text(json.dumps({str(s): g for s, g in evals.items()}, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
