@@ -1,8 +1,9 @@
-"""Shared fixtures: offline mode, the tiny model (built once per session), a scripted engine."""
+"""Shared fixtures: offline mode, the tiny model (built once per session), a scripted engine, viewer servers."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,20 @@ def small_llama(seed: int = 0, **config):
         max_position_embeddings=64,
     )
     return LlamaForCausalLM(LlamaConfig(**{**base, **config}))
+
+
+@pytest.fixture
+def viewer_server():
+    """Start `looprl view` servers on the given paths (returns each URL); all close at the end."""
+    from looprl.viewer import start_server
+
+    started = []
+
+    def start(*paths: Path) -> str:
+        srv, url = start_server(list(paths))
+        started.append(srv)
+        return url
+
+    yield start
+    for srv in started:
+        srv.close()

@@ -39,21 +39,6 @@ def get_error(url: str, path: str) -> tuple[int, str]:
     return exc.value.code, json.loads(exc.value.read())["error"]
 
 
-@pytest.fixture
-def server():
-    """Start a viewer on the given paths; every server is closed at the end of the test."""
-    started = []
-
-    def start(*paths: Path) -> str:
-        srv, url = start_server(list(paths))
-        started.append(srv)
-        return url
-
-    yield start
-    for srv in started:
-        srv.close()
-
-
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
     """A small offline tokenizer directory."""
@@ -79,8 +64,8 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_runs_metrics_and_config(server, run):
-    url = server(run)
+def test_runs_metrics_and_config(viewer_server, run):
+    url = viewer_server(run)
     runs = get(url, "api/runs")["runs"]
     assert [r["id"] for r in runs] == ["runA"] and runs[0]["kind"] == "train"
     keys = {f["key"] for f in runs[0]["files"]}
@@ -93,8 +78,8 @@ def test_runs_metrics_and_config(server, run):
     assert get(url, "api/config?run=runA")["config"]["config"]["trainer"]["steps"] == 8
 
 
-def test_rollout_filters_and_paging(server, run):
-    url = server(run)
+def test_rollout_filters_and_paging(viewer_server, run):
+    url = viewer_server(run)
     base = "api/rollouts?run=runA&source=train"
     one = get(url, base + "&step=3&limit=100")
     assert one["total"] == 24 and one["complete"] and {i["step"] for i in one["items"]} == {3}
@@ -121,8 +106,8 @@ def test_rollout_filters_and_paging(server, run):
     assert ev["total"] == 2 * 6 and {i["step"] for i in ev["items"]} == {4, 8}
 
 
-def test_episode_and_token_view(server, run, tok_dir):
-    url = server(run)
+def test_episode_and_token_view(viewer_server, run, tok_dir):
+    url = viewer_server(run)
     item = get(url, "api/rollouts?run=runA&step=2&limit=1")["items"][0]
     plain = get(url, f"api/episode?run=runA&file={item['file']}&i={item['i']}")
     ep = plain["episode"]
@@ -145,17 +130,17 @@ def test_episode_and_token_view(server, run, tok_dir):
     assert "The answer is" in sampled and "What is" not in sampled  # the prompt is not trained on
 
 
-def test_token_view_without_tokenizer_shows_why(server, tmp_path):
+def test_token_view_without_tokenizer_shows_why(viewer_server, tmp_path):
     run = write_run(tmp_path / "r", steps=1, tasks=1, group=1, model="no-such-model-xyz")
-    url = server(run)
+    url = viewer_server(run)
     res = get(url, "api/episode?run=r&file=train:1&i=0&tokens=1")
     assert res["tokens"] == [None] and "no-such-model-xyz" in res["tokenizer"]
     assert model_candidates(run) == ["no-such-model-xyz"]
 
 
-def test_growing_run_is_picked_up_live(server, tmp_path):
+def test_growing_run_is_picked_up_live(viewer_server, tmp_path):
     run = write_run(tmp_path / "live", steps=2, tasks=2, group=2, eval_every=10)
-    url = server(run)
+    url = viewer_server(run)
     assert get(url, "api/metrics?run=live&since=0")["next"] == 2
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 3, "wall_time": 9.0, "reward/mean": 0.5}) + "\n")
@@ -172,7 +157,7 @@ def test_growing_run_is_picked_up_live(server, tmp_path):
     assert get(url, "api/rollouts?run=live&step=all")["total"] == 3 * 4
 
 
-def test_malformed_and_half_written_lines_are_skipped_with_notice(server, tmp_path):
+def test_malformed_and_half_written_lines_are_skipped_with_notice(viewer_server, tmp_path):
     run = write_run(tmp_path / "bad", steps=1, tasks=2, group=2)
     path = run / "rollouts" / "step_000001.jsonl"
     lines = path.read_text().splitlines(keepends=True)
@@ -181,7 +166,7 @@ def test_malformed_and_half_written_lines_are_skipped_with_notice(server, tmp_pa
     path.write_text(lines[0] + "{not json\n" + corrupt + "\n" + lines[2] + "[1, 2]\n" + tail)
     with open(run / "metrics.jsonl", "a") as f:
         f.write("garbage\n" + json.dumps({"step": 2, "loss": float("nan"), "kl": 0.1}) + "\n")
-    url = server(run)
+    url = viewer_server(run)
     res = get(url, "api/rollouts?run=bad&step=1")
     # the corrupt middle of line 3 passes the head-and-tail index and is found when listed
     assert res["total"] == 2 and [i["i"] for i in res["items"]] == [0, 2]
@@ -234,7 +219,7 @@ def test_index_resets_when_file_is_replaced(tmp_path):
     assert EpisodeFile(tmp_path / "missing.jsonl", Interner(), Interner()).refresh()
 
 
-def test_folder_of_runs_eval_dir_and_read_only(server, tmp_path):
+def test_folder_of_runs_eval_dir_and_read_only(viewer_server, tmp_path):
     root = tmp_path / "runs"
     write_run(root / "a", steps=2, tasks=2, group=2, eval_every=1)
     write_run(root / "b", steps=3, tasks=2, group=2, eval_every=10)
@@ -247,7 +232,7 @@ def test_folder_of_runs_eval_dir_and_read_only(server, tmp_path):
     (ev / "metadata.json").write_text(json.dumps(meta))
     (root / "notes").mkdir()  # not a run
     before = snapshot(root)
-    url = server(root)
+    url = viewer_server(root)
     runs = get(url, "api/runs")["runs"]
     assert [(r["id"], r["kind"]) for r in runs] == [
         ("a", "train"),
@@ -266,8 +251,8 @@ def test_folder_of_runs_eval_dir_and_read_only(server, tmp_path):
     assert {k: v for k, v in after.items() if "/c/" not in k} == before
 
 
-def test_errors_name_the_problem(server, run, tmp_path):
-    url = server(run)
+def test_errors_name_the_problem(viewer_server, run, tmp_path):
+    url = viewer_server(run)
     status, msg = get_error(url, "api/metrics?run=nope")
     assert status == 404 and "runA" in msg
     status, msg = get_error(url, "api/rollouts?run=runA&offset=x")
@@ -315,7 +300,7 @@ PAYLOAD = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
 HOSTILE_DIR = "run <img src=x onerror=window.__xss=3>"  # a directory name cannot hold "/"
 
 
-def test_hostile_fields_come_back_as_data(server, tmp_path):
+def test_hostile_fields_come_back_as_data(viewer_server, tmp_path):
     root = tmp_path / "runs"
     write_hostile_run(root / HOSTILE_DIR, PAYLOAD)
     ev = root / f"eval {HOSTILE_DIR}"
@@ -324,7 +309,7 @@ def test_hostile_fields_come_back_as_data(server, tmp_path):
         (root / HOSTILE_DIR / "rollouts" / "step_000001.jsonl").read_bytes()
     )
     (ev / "metadata.json").write_text(json.dumps({"summary": {PAYLOAD: PAYLOAD}}))
-    url = server(root)
+    url = viewer_server(root)
     runs = get(url, "api/runs")["runs"]
     assert [r["name"] for r in runs] == [f"eval {HOSTILE_DIR}", HOSTILE_DIR]
     assert runs[0]["summary"] == {PAYLOAD: PAYLOAD} and runs[1]["skipped_total"] == 0
@@ -362,8 +347,8 @@ def test_static_code_never_parses_html():
     assert not found, found
 
 
-def test_pages_carry_security_headers(server, run):
-    url = server(run)
+def test_pages_carry_security_headers(viewer_server, run):
+    url = viewer_server(run)
     for path in ("", "static/app.js", "api/runs"):
         with urllib.request.urlopen(url + path, timeout=10) as r:
             assert "script-src 'self'" in r.headers["Content-Security-Policy"]
@@ -387,8 +372,8 @@ def get_with_host(url: str, path: str, host: str) -> tuple[int, Any]:
         conn.close()
 
 
-def test_host_header_must_name_this_server(server, run):
-    url = server(run)
+def test_host_header_must_name_this_server(viewer_server, run):
+    url = viewer_server(run)
     port = urllib.parse.urlsplit(url).port
     for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}", ""):
         status, body = get_with_host(url, "api/runs", host)
@@ -525,7 +510,7 @@ def get_any(url: str, path: str) -> tuple[int, Any]:
     return status, json.loads(raw.decode("utf-8"), parse_constant=reject)
 
 
-def test_malformed_rows_never_break_the_api(server, tmp_path, tok_dir):
+def test_malformed_rows_never_break_the_api(viewer_server, tmp_path, tok_dir):
     rng = random.Random(1234)
     run = write_run(tmp_path / "fuzz", steps=2, tasks=2, group=1, eval_every=2, model=str(tok_dir))
     template = json.loads((run / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
@@ -542,7 +527,7 @@ def test_malformed_rows_never_break_the_api(server, tmp_path, tok_dir):
         f.write(b"".join(line + b"\n" for line in BAD_METRICS))
         f.write(b"".join(json.dumps(row).encode() + b"\n" for row in OK_METRICS))
     (run / "config.json").write_text(json.dumps({"model": str(tok_dir), "deep": nested(900)}))
-    url = server(run)
+    url = viewer_server(run)
 
     status, runs = get_any(url, "api/runs")
     assert status == 200

@@ -13,7 +13,6 @@ import torch
 
 from looprl.algorithms.objective import group_advantages
 from looprl.algorithms.presets import AlgorithmConfig
-from looprl.viewer import start_server
 from looprl.viewer.synthetic import write_demo, write_probe, write_run
 
 
@@ -23,30 +22,15 @@ def get(url: str, path: str) -> Any:
         return json.loads(r.read())
 
 
-@pytest.fixture
-def serve():
-    """Start viewers; all are closed at the end."""
-    started = []
-
-    def start(*paths: Path) -> str:
-        srv, url = start_server(list(paths))
-        started.append(srv)
-        return url
-
-    yield start
-    for srv in started:
-        srv.close()
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     """The synthetic demo folder: a run with monitors, its before/after evals and a probe."""
     return write_demo(tmp_path_factory.mktemp("demo") / "runs")
 
 
-def test_advantage_is_recomputed_like_the_trainer(serve, tmp_path):
+def test_advantage_is_recomputed_like_the_trainer(viewer_server, tmp_path):
     run = write_run(tmp_path / "r", steps=2, tasks=3, group=4, eval_every=2)
-    url = serve(run)
+    url = viewer_server(run)
     for i in range(12):
         g = get(url, f"api/episode?run=r&file=train:1&i={i}")["group"]
         assert g["size"] == g["expected"] == 4 and g["index"] == i % 4 and g["first"] == i - i % 4
@@ -65,11 +49,11 @@ def test_advantage_is_recomputed_like_the_trainer(serve, tmp_path):
     assert get(url, "api/episode?run=r&file=eval:2&i=0")["group"] is None  # eval episodes
 
 
-def test_advantage_not_recomputed_from_a_partial_group_or_ppo(serve, tmp_path):
+def test_advantage_not_recomputed_from_a_partial_group_or_ppo(viewer_server, tmp_path):
     run = write_run(tmp_path / "r", steps=1, tasks=2, group=4, eval_every=5)
     path = run / "rollouts/step_000001.jsonl"
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:6]))  # save_rollouts=6
-    url = serve(run)
+    url = viewer_server(run)
     g = get(url, "api/episode?run=r&file=train:1&i=5")["group"]
     assert g["advantage"] is None and "only 2 of this group's 4" in g["note"]
     cfg = json.loads((run / "config.json").read_text())
@@ -78,8 +62,8 @@ def test_advantage_not_recomputed_from_a_partial_group_or_ppo(serve, tmp_path):
     assert "GAE" in get(url, "api/episode?run=r&file=train:1&i=0")["group"]["note"]
 
 
-def test_monitor_trips_and_before_after_evals(serve, demo):
-    runs = {r["id"]: r for r in get(serve(demo), "api/runs")["runs"]}
+def test_monitor_trips_and_before_after_evals(viewer_server, demo):
+    runs = {r["id"]: r for r in get(viewer_server(demo), "api/runs")["runs"]}
     assert runs["probe-calc"]["kind"] == "probe" and runs["eval_before"]["kind"] == "eval"
     mons = runs["grpo"]["monitors"]
     assert [(m["name"], m["first_step"]) for m in mons] == [
@@ -95,8 +79,8 @@ def test_monitor_trips_and_before_after_evals(serve, demo):
     assert runs["eval_before"]["monitors"] == [] and runs["eval_before"]["anchors"] == []
 
 
-def test_eval_grid_lists_held_out_tasks_across_steps(serve, demo):
-    grid = get(serve(demo), "api/grid?run=grpo")
+def test_eval_grid_lists_held_out_tasks_across_steps(viewer_server, demo):
+    grid = get(viewer_server(demo), "api/grid?run=grpo")
     assert [c["step"] for c in grid["columns"]] == [0, 5, 10, 15, 20]
     assert len(grid["tasks"]) == 6 and grid["tasks"][0]["task_id"] == "task-0000"
     cell = grid["tasks"][0]["cells"][1]
@@ -104,8 +88,8 @@ def test_eval_grid_lists_held_out_tasks_across_steps(serve, demo):
     assert cell["n"] == 1 and cell["mean"] == json.loads(lines[cell["i"][0]])["reward"]
 
 
-def test_probe_directory_table_and_exploit_episodes(serve, demo, tmp_path):
-    url = serve(demo)
+def test_probe_directory_table_and_exploit_episodes(viewer_server, demo, tmp_path):
+    url = viewer_server(demo)
     res = get(url, "api/probe?run=probe-calc")
     assert res["problem"] is None and res["probe"]["exploitable"] == ["many_candidates"]
     assert {r["verdict"] for r in res["probe"]["rows"]} == {"exploitable", "resisted", "errored"}
@@ -116,18 +100,20 @@ def test_probe_directory_table_and_exploit_episodes(serve, demo, tmp_path):
     doc = json.loads((bad / "probe.json").read_text())
     doc["rows"][0]["verdict"] = "maybe"
     (bad / "probe.json").write_text(json.dumps(doc))
-    res = get(serve(bad), "api/probe?run=bad")
+    res = get(viewer_server(bad), "api/probe?run=bad")
     assert res["probe"] is None and "verdict is 'maybe'" in res["problem"]
 
 
-def test_rollout_list_previews_prompt_and_reply(serve, demo):
-    it = get(serve(demo), "api/rollouts?run=grpo&step=3&limit=1")["items"][0]
+def test_rollout_list_previews_prompt_and_reply(viewer_server, demo):
+    it = get(viewer_server(demo), "api/rollouts?run=grpo&step=3&limit=1")["items"][0]
     assert it["prompt"] == "What is 3 * 7 + 0?" and "The answer is" in it["preview"]
 
 
-def test_tokenizer_found_from_the_run_wherever_view_starts(serve, demo, tmp_path, monkeypatch):
+def test_tokenizer_found_from_the_run_wherever_view_starts(
+    viewer_server, demo, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # not the folder the relative model path was written from
-    url = serve(demo)
+    url = viewer_server(demo)
     got = get(url, "api/episode?run=grpo&file=train:1&i=0&tokens=1")
     assert got["tokenizer"] == f"tokenizer from {demo / 'grpo' / 'final'}"
     assert "What is" in "".join(got["tokens"][0])
