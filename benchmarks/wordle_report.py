@@ -7,7 +7,7 @@ contradict earlier feedback, a word guessed twice, guesses outside the words the
 The change from the first evaluation to the last is paired per game (the same secret words), with
 a bootstrap 95% interval.
 
-    .venv/bin/python -m benchmarks.wordle_report runs/wordle/rl-s0
+    .venv/bin/python -m benchmarks.wordle_report runs/wordle/rl-s0 [--plot F.png --also RUN ...]
 """
 
 from __future__ import annotations
@@ -115,12 +115,45 @@ def table(evals: dict[int, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def plot(runs: dict[str, Path], out: Path) -> Path:
+    """Held-out win rate (95% interval) at each evaluation and the training win rate per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, run_dir) in enumerate(runs.items()):
+        colour = f"C{i}"
+        evals = evaluations(run_dir)
+        steps = list(evals)
+        rates = [sum(g["won"] for g in games) / len(games) for games in evals.values()]
+        bounds = [wilson(sum(g["won"] for g in games), len(games)) for games in evals.values()]
+        errors = [[r - lo for r, (lo, _) in zip(rates, bounds, strict=True)],
+                  [hi - r for r, (_, hi) in zip(rates, bounds, strict=True)]]  # fmt: skip
+        ax.errorbar(steps, rates, yerr=errors, color=colour, marker="o", capsize=4,
+                    label=f"{label}: held-out (95% CI)")  # fmt: skip
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+        train = [(r["step"], r["reward/win"]) for r in rows if "reward/win" in r]
+        ax.plot(*zip(*train, strict=True), color=colour, alpha=0.4, linestyle="--",
+                label=f"{label}: training games")  # fmt: skip
+    ax.set(xlabel="GRPO step", ylabel="win rate", ylim=(0, 1.05), title="wordle win rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the table and the paired first-to-last change; write wordle_report.json in the run."""
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run_dir", type=Path)
+    p.add_argument("--plot", type=Path, help="also plot these runs' win rates to this PNG")
+    p.add_argument("--also", nargs="*", type=Path, default=[], help="more runs for the plot")
     args = p.parse_args(argv)
     evals = evaluations(args.run_dir)
     first, last = min(evals), max(evals)
@@ -130,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"\nwin rate change, step {first} -> {last} (paired, same games): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
         )
+    if args.plot:
+        print(f"plot: {plot({d.name: d for d in [args.run_dir, *args.also]}, args.plot)}")
     out = args.run_dir / "wordle_report.json"
     out.write_text(json.dumps({str(s): g for s, g in evals.items()}, indent=1), encoding="utf-8")
 

@@ -51,7 +51,9 @@ def test_report_reads_a_run(tmp_path, capsys):
         row = {"task": {"answer": "crown"}, "messages": _msgs((reply, "feedback"))}
         (d / "results.jsonl").write_text(json.dumps(row) + "\n")
     assert list(evaluations(tmp_path)) == [0, 10]
-    main([str(tmp_path)])
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/win": 0.5}) + "\n")
+    main([str(tmp_path), "--plot", str(tmp_path / "w.png")])
+    assert (tmp_path / "w.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert "| 0 | 1 | 0.000" in out and "| 10 | 1 | 1.000" in out and "+1.000" in out
     assert (tmp_path / "wordle_report.json").exists()
