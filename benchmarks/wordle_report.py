@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--plot", type=Path, help="also plot these runs' win rates to this PNG")
     p.add_argument("--also", nargs="*", type=Path, default=[], help="more runs for the plot")
+    p.add_argument("--labels", nargs="*", default=[], help="the plot's names of the runs, in order")
     args = p.parse_args(argv)
     evals = evaluations(args.run_dir)
     first, last = min(evals), max(evals)
@@ -164,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
             f"\nwin rate change, step {first} -> {last} (paired, same games): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
         )
     if args.plot:
-        print(f"plot: {plot({d.name: d for d in [args.run_dir, *args.also]}, args.plot)}")
+        dirs = [args.run_dir, *args.also]
+        names = args.labels + [d.name for d in dirs[len(args.labels) :]]
+        print(f"plot: {plot(dict(zip(names, dirs, strict=True)), args.plot)}")
     out = args.run_dir / "wordle_report.json"
     out.write_text(json.dumps({str(s): g for s, g in evals.items()}, indent=1), encoding="utf-8")
 

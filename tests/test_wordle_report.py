@@ -52,7 +52,7 @@ def test_report_reads_a_run(tmp_path, capsys):
         (d / "results.jsonl").write_text(json.dumps(row) + "\n")
     assert list(evaluations(tmp_path)) == [0, 10]
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/win": 0.5}) + "\n")
-    main([str(tmp_path), "--plot", str(tmp_path / "w.png")])
+    main([str(tmp_path), "--plot", str(tmp_path / "w.png"), "--labels", "one run"])
     assert (tmp_path / "w.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert "| 0 | 1 | 0.000" in out and "| 10 | 1 | 1.000" in out and "+1.000" in out
