@@ -7,7 +7,8 @@ the mean clip fractions (`clip_frac`, `clip_frac_low`, `clip_frac_high`), the sa
 staleness (to confirm the regime ran as asked), and a collapse flag:
 
 - `accuracy`: the final held-out accuracy ended more than `margin` below its best (start
-  included: a run that climbs and then falls back to where it began has collapsed too);
+  included: a run that climbs and then falls back to where it began has collapsed too), or at
+  zero when some evaluation was above zero (a run that starts low and falls to nothing at once);
 - `entropy`: the policy's entropy over the last 3 steps fell below `entropy_ratio` times its
   mean over the first 3 (the model stopped exploring).
 """
@@ -64,7 +65,8 @@ def run_stats(
     reach = next(((s, w) for s, w, v in acc if v >= target), (None, None))
     entropy = [r["entropy"] for r in rows if r.get("entropy") is not None]
     flags = []
-    if final is not None and final < max(v for _, _, v in acc) - margin:  # fell from its best
+    best = max((v for _, _, v in acc), default=0.0)
+    if final is not None and (final < best - margin or (final == 0 < best)):  # fell from its best
         flags.append("accuracy")
     if len(entropy) >= 6 and statistics.fmean(entropy[-3:]) < entropy_ratio * statistics.fmean(
         entropy[:3]

@@ -52,6 +52,10 @@ def test_run_stats_reach_means_and_collapse_flags():
     # climbs to 0.4 and falls back to 0.05, near its start of 0.1: collapsed from its best
     fell = run_stats(_rows([0.1, 0.4, 0.3, 0.05], [1] * 6), KEY, 0.9)
     assert fell.collapse == "accuracy"
+    # starts at 0.08 and solves nothing from the first evaluation on: collapsed, though by < margin
+    gone = run_stats(_rows([0.08, 0.0, 0.0, 0.0], [1] * 6), KEY, 0.9)
+    assert gone.collapse == "accuracy"
+    assert run_stats(_rows([0.0, 0.0, 0.0, 0.0], [1] * 6), KEY, 0.9).collapse == ""  # never above 0
 
 
 def test_table_and_curves_average_over_seeds():
