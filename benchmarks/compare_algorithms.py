@@ -112,7 +112,12 @@ def sweep(args: argparse.Namespace) -> list[tuple[str, Regime, int, RunResult]]:
     for i, (preset, regime, seed) in enumerate(plan, 1):
         name = f"{preset}-{regime.tag}-s{seed}"
         cfg = run_config(args, preset, regime, seed)
-        result = run_resumable(cfg, args.out / name, keep_checkpoints=args.keep_checkpoints)
+        result = run_resumable(
+            cfg,
+            args.out / name,
+            keep_checkpoints=args.keep_checkpoints,
+            finished_only=args.report_only,
+        )
         note = f" from step {result.resumed_from[-1]}" if result.status == "resumed" else ""
         console.print(f"[bold]run {i}/{len(plan)}[/bold] {name}: {result.status}{note}")
         done.append((preset, regime, seed, result))
@@ -130,7 +135,7 @@ def report(args: argparse.Namespace, done: list[tuple[str, Regime, int, RunResul
             entropy_ratio=args.entropy_collapse,
         )  # fmt: skip
         for p, r, s, res in done
-        if res.status != "busy"
+        if res.status not in ("busy", "missing")
     }
     groups: dict[tuple[str, str], list[RunStats]] = {}
     for (p, label, _), st in stats.items():
@@ -186,6 +191,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--entropy-collapse", type=float, default=0.25, help="entropy ratio that flags a collapse"
     )
     p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="read back finished runs and report them; start or resume nothing",
+    )
+    p.add_argument(
         "--keep-checkpoints",
         action="store_true",
         help="keep finished runs' checkpoints (to extend them)",
@@ -223,11 +233,14 @@ def main(argv: list[str] | None = None) -> None:
     done = sweep(args)
     table = report(args, done)
     busy = [res.name for *_, res in done if res.status == "busy"]
+    missing = [res.name for *_, res in done if res.status == "missing"]
     resumed = [f"{res.name} (from {res.resumed_from})" for *_, res in done if res.resumed_from]
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"resumed runs: {', '.join(resumed) or 'none'}", highlight=False, soft_wrap=True)
     if busy:
         console.print(f"[yellow]left out (another sweep is running them): {', '.join(busy)}[/]")
+    if missing:
+        console.print(f"[yellow]left out (not finished; --report-only): {', '.join(missing)}[/]")
     console.print(f"summary: {args.out / 'summary.json'}\ntotal {time.perf_counter() - t0:.0f} s")
 
 

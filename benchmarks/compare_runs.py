@@ -31,7 +31,7 @@ from looprl.trainer.trainer import Trainer
 DONE = "done.json"
 RESUMES = "resumes.json"
 LOCK = "sweep.lock"
-Status = Literal["ran", "resumed", "reused", "busy"]
+Status = Literal["ran", "resumed", "reused", "busy", "missing"]
 
 
 @dataclass
@@ -40,7 +40,8 @@ class RunResult:
 
     name: str
     status: Status
-    """ran (fresh), resumed (from a checkpoint), reused (finished before), busy (another sweep holds it)"""
+    """ran (fresh), resumed (from a checkpoint), reused (finished before), busy (another sweep
+    holds it), missing (not finished, and only finished runs were asked for)"""
     rows: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)
     """checkpoint steps this run was resumed from, over every invocation"""
@@ -54,8 +55,11 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
 
 
-def run_resumable(cfg: TrainConfig, run_dir: Path, *, keep_checkpoints: bool = False) -> RunResult:
-    """Reuse, resume or start the run of `cfg` in `run_dir` (see the module docstring)."""
+def run_resumable(
+    cfg: TrainConfig, run_dir: Path, *, keep_checkpoints: bool = False, finished_only: bool = False
+) -> RunResult:
+    """Reuse, resume or start the run of `cfg` in `run_dir` (see the module docstring);
+    `finished_only` reads a finished run back and starts nothing (`missing` otherwise)."""
     steps = cfg.trainer.steps
     done = _read_json(run_dir / DONE)
     if run_dir.is_dir():
@@ -63,6 +67,8 @@ def run_resumable(cfg: TrainConfig, run_dir: Path, *, keep_checkpoints: bool = F
     if done is not None and done["steps"] >= steps:
         rows = [r for r in read_rows(run_dir) if r["step"] <= steps]
         return RunResult(run_dir.name, "reused", rows, _read_json(run_dir / RESUMES) or [])
+    if finished_only:
+        return RunResult(run_dir.name, "missing")
     if not _lock(run_dir):
         return RunResult(run_dir.name, "busy")
     try:

@@ -129,3 +129,16 @@ def test_a_stopped_sweep_resumes_where_it_stopped(tmp_path, monkeypatch):
     )
     with pytest.raises(SystemExit, match="rollout.rollouts_per_task: 2 there, 3 now"):
         check_same_config(cfg, tmp_path / "grpo-u1-a0-s0")
+
+
+def test_report_only_reads_back_and_starts_nothing(tmp_path):
+    """--report-only on a sweep with one finished run: it is reported, the other is listed as
+    missing, and no run directory is created or trained."""
+    out = ["--out", str(tmp_path)]
+    ca.main([*SMALL, *out, "--max-async-steps", "0"])  # the on-policy run only
+    ca.main([*SMALL, *out, "--report-only"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    by_run = {r["run"]: r["status"] for r in summary["runs"]}
+    assert by_run == {"grpo-u1-a0-s0": "reused", "grpo-u1-a1-s0": "missing"}
+    assert not (tmp_path / "grpo-u1-a1-s0").exists()
+    assert "| grpo | on-policy |" in summary["table"] and "async" not in summary["table"]
