@@ -16,14 +16,18 @@ import argparse
 import json
 import math
 import random
-import re
 import statistics
 from pathlib import Path
 from typing import Any
 
-from looprl.envs.wordle import MAX_GUESSES, consistent, judge, parse_guess, word_lists
-
-_LISTED = re.compile(r"^Possible words: (.*?)(?: \(and \d+ more\))?$", re.MULTILINE)
+from looprl.envs.wordle import (
+    MAX_GUESSES,
+    consistent,
+    judge,
+    listed_words,
+    parse_guess,
+    word_lists,
+)
 
 
 def wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -45,8 +49,7 @@ def replay(messages: list[dict[str, Any]], target: str) -> dict[str, Any]:
     won_at = None
     for m in messages:
         if m["role"] == "user":
-            found = _LISTED.search(m["content"])
-            listed = found.group(1).split(", ") if found else listed
+            listed = listed_words(m["content"]) or listed
             continue
         if (
             m["role"] != "assistant"

@@ -186,17 +186,14 @@ def search_qa_gold_teacher(titles: dict[str, str]) -> TaskTeacher:
 _MARKS = re.compile(r"^([a-z]{5}) ((?:[GY\-] ?){5})", re.IGNORECASE)
 
 
-_POSSIBLE = re.compile(r"^Possible words: ([a-z]{5})", re.MULTILINE)
-
-
 def wordle(messages: list[Message]) -> str:
     """Wordle policy: open with "slate", then the first answer word consistent with all feedback
     (the first of the environment's `Possible words:` when it lists them, `wordle(hint=K)`)."""
-    from looprl.envs.wordle import score_guess, word_lists
+    from looprl.envs.wordle import listed_words, score_guess, word_lists
 
-    listed = _POSSIBLE.search(messages[-1].content) if messages[-1].role == "user" else None
+    listed = listed_words(messages[-1].content) if messages[-1].role == "user" else None
     if listed:
-        return f"<guess>{listed.group(1)}</guess>"
+        return f"<guess>{listed[0]}</guess>"
     history: list[tuple[str, str]] = []
     for m in messages:
         found = _MARKS.match(m.content) if m.role == "user" else None

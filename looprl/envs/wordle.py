@@ -42,6 +42,7 @@ SYSTEM_PROMPT = (
     "per letter: G = right letter, right place; Y = in the word, wrong place; - = not in the word."
 )
 _GUESS_RE = re.compile(r"<guess>\s*([^<]*?)\s*</guess>", re.IGNORECASE)
+_LISTED_RE = re.compile(r"^Possible words: (.*?)(?: \(and \d+ more\))?$", re.MULTILINE)
 
 
 @functools.cache
@@ -79,6 +80,12 @@ def word_pool(size: int | None) -> tuple[str, ...]:
 def consistent(words: tuple[str, ...], history: list[tuple[str, str]]) -> list[str]:
     """The words that would have given every (guess, marks) feedback in `history`."""
     return [w for w in words if all(score_guess(g, w) == m for g, m in history)]
+
+
+def listed_words(feedback: str) -> list[str] | None:
+    """The words a `hint` line of the feedback lists (None when it has none)."""
+    found = _LISTED_RE.search(feedback)
+    return found.group(1).split(", ") if found else None
 
 
 def split_of(word: str) -> str:
