@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks.eval_stats import bootstrap_mean, stored_evals, training_curve, wilson
 from looprl.envs.wordle import (
     MAX_GUESSES,
     consistent,
@@ -28,16 +27,6 @@ from looprl.envs.wordle import (
     parse_guess,
     word_lists,
 )
-
-
-def wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a win rate (sound at 0 and at n)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = wins / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def replay(messages: list[dict[str, Any]], target: str) -> dict[str, Any]:
@@ -73,16 +62,12 @@ def replay(messages: list[dict[str, Any]], target: str) -> dict[str, Any]:
 
 def evaluations(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     """Every evaluation of the run: step -> replayed games, in a fixed order of secret words."""
-    found = {}
-    for path in sorted(run_dir.glob("eval/step_*/results.jsonl")):
-        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
-        games = [replay(r["messages"], r["task"]["answer"]) for r in rows]
-        found[int(path.parent.name.removeprefix("step_"))] = sorted(
-            games, key=lambda g: g["target"]
+    return {
+        step: sorted(
+            (replay(r["messages"], r["task"]["answer"]) for r in rows), key=lambda g: g["target"]
         )
-    if not found:
-        raise SystemExit(f"{run_dir}: no eval/step_*/results.jsonl (was the run evaluated?)")
-    return found
+        for step, rows in stored_evals(run_dir).items()
+    }
 
 
 def paired_gain(
@@ -91,9 +76,7 @@ def paired_gain(
     """Win-rate change over the same games and its bootstrap 95% interval."""
     by_word = {g["target"]: g["won"] for g in before}
     diffs = [float(g["won"]) - float(by_word[g["target"]]) for g in after if g["target"] in by_word]
-    rng = random.Random(0)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(draws))
-    return statistics.fmean(diffs), means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+    return bootstrap_mean(diffs, draws)
 
 
 def table(evals: dict[int, list[dict[str, Any]]]) -> str:
@@ -136,8 +119,7 @@ def plot(runs: dict[str, Path], out: Path) -> Path:
                   [hi - r for r, (_, hi) in zip(rates, bounds, strict=True)]]  # fmt: skip
         ax.errorbar(steps, rates, yerr=errors, color=colour, marker="o", capsize=4,
                     label=f"{label}: held-out (95% CI)")  # fmt: skip
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-        train = [(r["step"], r["reward/win"]) for r in rows if "reward/win" in r]
+        train = training_curve(run_dir, "reward/win")
         ax.plot(*zip(*train, strict=True), color=colour, alpha=0.4, linestyle="--",
                 label=f"{label}: training games")  # fmt: skip
     ax.set(xlabel="GRPO step", ylabel="win rate", ylim=(0, 1.05), title="wordle win rate")

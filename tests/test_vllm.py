@@ -138,29 +138,6 @@ def test_a_sigkilled_trainer_leaves_no_vllm_process(tmp_path) -> None:
     assert not left(), [_processes().get(p) for p in left()]
 
 
-def test_a_dead_server_is_an_infra_error_then_restarted(tmp_path) -> None:
-    from looprl.engines.vllm_engine import VLLMEngine
-    from looprl.models.loading import load_model
-    from looprl.trainer.checkpoint import export_hf
-
-    model, tokenizer = load_model("tiny")
-    export_hf(model, tokenizer, tmp_path / "m")
-    engine = VLLMEngine(tmp_path / "m", tokenizer, max_model_len=512)
-    request = GenerationRequest(prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=4, seed=1))
-    try:
-        assert asyncio.run(engine.generate(request)).finish_reason != "error"
-        os.killpg(engine.servers[0].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        engine.servers[0].process.wait()  # type: ignore[union-attr]
-        dead = asyncio.run(engine.generate(request))
-        assert dead.finish_reason == "error" and "connection" in (dead.error or "")
-        engine.sync_weights(model.state_dict(), version=1)  # restarts, then reloads the weights
-        assert engine.stats["restarts"] == 1 and engine.servers[0].alive()
-        assert asyncio.run(engine.generate(request)).finish_reason != "error"
-    finally:
-        asyncio.run(engine.close())
-    assert not engine.servers[0].alive()
-
-
 def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
     rows = _run(tmp_path, "async", server.base_url, **{"trainer.max_async_steps": 1})
     assert [r["staleness"] for r in rows] == [0, 1, 1]
@@ -216,8 +193,10 @@ def test_lora_adapters_are_hot_loaded_each_step(tmp_path) -> None:
     assert all(r["logprob_gap"] < GAP_LORA for r in rows), [r["logprob_gap"] for r in rows]
 
 
-def test_two_servers_share_groups_and_fail_over(tmp_path) -> None:
-    """Groups spread over both servers by task id; a dead server's requests go to the other."""
+def test_two_servers_share_groups_fail_over_then_restart(tmp_path) -> None:
+    """Groups spread over both servers by task id; a dead server's requests go to the other; with
+    both dead a request is an infra error naming the connection; the next weight sync restarts
+    both (concurrently) with the current weights."""
     from looprl.engines.vllm_engine import VLLMEngine
     from looprl.models.loading import load_model
     from looprl.trainer.checkpoint import export_hf
@@ -231,6 +210,10 @@ def test_two_servers_share_groups_and_fail_over(tmp_path) -> None:
             prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=4, seed=1), affinity=task
         )
 
+    def kill(i: int) -> None:
+        os.killpg(engine.servers[i].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        engine.servers[i].process.wait()  # type: ignore[union-attr]
+
     try:
         tasks = [f"task-{i}" for i in range(8)]
         homes = {t: engine._pick(request(t)) for t in tasks}
@@ -238,12 +221,16 @@ def test_two_servers_share_groups_and_fail_over(tmp_path) -> None:
         for t in tasks:
             assert asyncio.run(engine.generate(request(t))).finish_reason != "error"
         assert all(c.stats["requests"] > 0 for c in engine.clients)
-        os.killpg(engine.servers[0].process.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        engine.servers[0].process.wait()  # type: ignore[union-attr]
+        kill(0)
         orphan = next(t for t in tasks if homes[t] == 0)
         assert asyncio.run(engine.generate(request(orphan))).finish_reason != "error"
         assert engine.stats["failovers"] == 1
-        engine.sync_weights(model.state_dict(), version=1)
-        assert engine.stats["restarts"] == 1 and all(s.alive() for s in engine.servers)
+        kill(1)
+        dead = asyncio.run(engine.generate(request(orphan)))
+        assert dead.finish_reason == "error" and "connection" in (dead.error or "")
+        engine.sync_weights(model.state_dict(), version=1)  # restarts both, then reloads
+        assert engine.stats["restarts"] == 2 and all(s.alive() for s in engine.servers)
+        assert asyncio.run(engine.generate(request(orphan))).finish_reason != "error"
     finally:
         asyncio.run(engine.close())
+    assert not any(s.alive() for s in engine.servers)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.wordle_report import evaluations, main, paired_gain, replay, wilson
+from benchmarks.eval_stats import wilson
+from benchmarks.wordle_report import evaluations, main, paired_gain, replay
 
 
 def _msgs(*turns: tuple[str, str]) -> list[dict[str, str]]:

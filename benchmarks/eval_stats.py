@@ -1,0 +1,53 @@
+"""Error bars for held-out evaluations: Wilson intervals, bootstrap means, the trainer's stored evals."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def wilson(wins: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate (sound at 0 and at n)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = wins / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def bootstrap_mean(
+    values: list[float], draws: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The mean of `values` and its percentile bootstrap 95% interval (resampling the values).
+
+    Give one value per independent unit: per question (its samples averaged), or per paired
+    difference, so repeated samples of one question do not pass for independent evidence.
+    """
+    if not values:
+        raise ValueError("bootstrap_mean needs at least one value")
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return statistics.fmean(values), means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def stored_evals(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """The trainer's held-out evaluations of a run: step -> rows of `eval/step_*/results.jsonl`."""
+    found = {}
+    for path in sorted(run_dir.glob("eval/step_*/results.jsonl")):
+        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
+        found[int(path.parent.name.removeprefix("step_"))] = rows
+    if not found:
+        raise SystemExit(f"{run_dir}: no eval/step_*/results.jsonl (was the run evaluated?)")
+    return found
+
+
+def training_curve(run_dir: Path, key: str) -> list[tuple[int, float]]:
+    """(step, value) of one training metric from the run's metrics.jsonl (rows lacking it skipped)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text("utf-8").splitlines() if x.strip()]
+    return [(r["step"], r[key]) for r in rows if key in r]
