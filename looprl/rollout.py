@@ -54,15 +54,18 @@ async def rollout(
     result = EpisodeResult(task=task, messages=list(task.prompt), rollout_index=rollout_index)
     start = time.perf_counter()
     state: dict[str, Any] = {}
+    clock = EnvClock(env.limits.timeout_s)
     try:
-        state = await env.setup_state(task)
+        state = await clock.run(env.setup_state(task))
         transcript = _transcript(env, engine, renderer, result)
-        await asyncio.wait_for(
-            _episode_loop(env, engine, transcript, config, result, state),
-            timeout=env.limits.timeout_s,
-        )
+        await _episode_loop(env, engine, transcript, config, result, state, clock)
     except TimeoutError:
-        _stop(result, "timeout", infra=f"episode exceeded its timeout of {env.limits.timeout_s} s")
+        _stop(
+            result,
+            "timeout",
+            infra=f"the environment (set-up, tools, feedback) took longer than its timeout of "
+            f"{env.limits.timeout_s} s in this episode",
+        )
     except Exception as exc:  # an environment bug must not take the batch down
         _stop(result, "error", error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -76,6 +79,27 @@ async def rollout(
     result.metrics["template_breaks"] = float(max(0, len(result.trajectories) - 1))
     result.timings["total"] = time.perf_counter() - start
     return result
+
+
+class EnvClock:
+    """The environment's share of an episode's wall clock: set-up, tools and feedback.
+
+    Time spent waiting for the model does not count: an engine under load queues requests (a
+    large evaluation on a slow machine), and that must not end every episode in a timeout. The
+    model's side is bounded by its token limits and by the engine's own failure handling.
+    """
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.used_s = 0.0
+
+    async def run(self, work: Awaitable[Any]) -> Any:
+        """Await `work` within what is left of the budget; TimeoutError when it runs out."""
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.wait_for(work, max(0.0, self.limit_s - self.used_s))
+        finally:
+            self.used_s += time.perf_counter() - t0
 
 
 def _transcript(
@@ -95,6 +119,7 @@ async def _episode_loop(
     config: RolloutConfig,
     result: EpisodeResult,
     state: dict[str, Any],
+    clock: EnvClock,
 ) -> None:
     """The turn loop; mutates `result` as it goes so a timeout keeps the partial episode."""
     limits = env.limits
@@ -126,7 +151,7 @@ async def _episode_loop(
             by_context = transcript.exact and budget < limits.max_tokens_per_turn
             return _stop(result, "max_context" if by_context else "max_tokens")
         t0 = time.perf_counter()
-        outcome = await env.step(result.messages, parsed, state)
+        outcome = await clock.run(env.step(result.messages, parsed, state))
         _add_time(result, "env", t0)
         _record(result, outcome)
         if outcome.done or not outcome.messages:

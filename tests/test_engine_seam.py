@@ -57,9 +57,11 @@ def test_trainer_engine_samples_the_latest_policy_version(tmp_path, lora) -> Non
         {"model.name": "tiny", "model.lora": lora, "env.name": LENGTH_ENV,
          "rollout.tasks_per_step": 2, "rollout.rollouts_per_task": 2, "trainer.steps": 2,
          "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": 2,
-         "run.output_dir": str(tmp_path), "run.name": f"seam-{lora}", "run.tensorboard": False},
+         "run.output_dir": str(tmp_path), "run.name": f"seam-{lora}", "run.tensorboard": False,
+         "engine.max_concurrency": 3},
     )  # fmt: skip
     trainer = Trainer(cfg)
     trainer.run()
     assert isinstance(trainer.engine, TrainableEngine)
     assert trainer.engine.policy_version == 2
+    assert trainer.engine.max_batch_size == 3  # type: ignore[attr-defined]  # the KV slots

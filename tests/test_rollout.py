@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 
@@ -171,17 +172,31 @@ async def test_engine_failure_marks_only_that_episode(env, tiny_tokenizer):
     assert all(ep.reward == 1.0 for ep in eps if not ep.rollout_error)
 
 
-async def test_episode_timeout_keeps_partial_episode(tiny_tokenizer):
+async def test_a_slow_environment_times_out_and_keeps_the_partial_episode(tiny_tokenizer):
     env = load_environment()
     env.limits = Limits(max_turns=4, max_tokens_per_turn=96, max_context_tokens=1024, timeout_s=0.2)
-    engine = ScriptedEngine(solver, tiny_tokenizer, delay=0.15)
-    ep = await rollout(
-        env,
-        engine,
-        env.get_tasks("eval", 1)[0],
-        renderer=Renderer(tiny_tokenizer, env.tool_schemas),
-    )
-    assert ep.stop_reason == "timeout" and ep.rollout_error and ep.num_turns == 1
+    real_step = env.step
+
+    async def slow_step(messages, parsed, state):
+        await asyncio.sleep(0.15)  # two turns of this pass the 0.2 s budget
+        return await real_step(messages, parsed, state)
+
+    env.step = slow_step
+    task = env.get_tasks("eval", 1)[0]
+    renderer = Renderer(tiny_tokenizer, env.tool_schemas)
+    ep = await rollout(env, ScriptedEngine(solver, tiny_tokenizer), task, renderer=renderer)
+    assert ep.stop_reason == "timeout" and ep.rollout_error and ep.num_turns == 2
+    assert "environment" in ep.errors[0]["message"] and "0.2 s" in ep.errors[0]["message"]
+
+
+async def test_waiting_for_the_model_does_not_count_towards_the_timeout(tiny_tokenizer):
+    """A loaded engine queues requests: a slow model is not a hung environment."""
+    env = load_environment()
+    env.limits = Limits(max_turns=4, max_tokens_per_turn=96, max_context_tokens=1024, timeout_s=0.2)
+    engine = ScriptedEngine(solver, tiny_tokenizer, delay=0.15)  # 0.3 s of generation in all
+    task = env.get_tasks("eval", 1)[0]
+    ep = await rollout(env, engine, task, renderer=Renderer(tiny_tokenizer, env.tool_schemas))
+    assert ep.stop_reason == "done" and not ep.errors and ep.num_turns == 2
 
 
 async def test_environment_exception_is_a_rollout_error(env, tiny_tokenizer):

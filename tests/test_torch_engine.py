@@ -153,8 +153,17 @@ async def test_greedy_continuous_batching_equals_one_at_a_time(llama, engine):
 
 async def test_identical_prompts_share_prefill(llama, engine):
     p = prompts(1)[0]
-    reqs = [(p, SamplingParams(max_tokens=8, seed=i)) for i in range(4)]
-    gens = await gather(engine, reqs)
+    with engine._cond:  # the scheduler waits for the lock, then admits all four at once
+        futures = [
+            asyncio.ensure_future(
+                engine.generate(
+                    GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=8, seed=i))
+                )
+            )
+            for i in range(4)
+        ]
+        await asyncio.sleep(0)  # each request is queued
+    gens = await asyncio.gather(*futures)
     assert engine.stats.prefill_tokens_saved == 3 * len(p)
     assert len({tuple(g.token_ids) for g in gens}) > 1  # different seeds, different samples
     for g in gens:
@@ -322,6 +331,27 @@ async def test_cancelled_request_frees_its_slot(llama):
     await eng.close()
     closed = await eng.generate(GenerationRequest(prompt_ids=p))
     assert closed.finish_reason == "error" and "closed" in (closed.error or "")
+
+
+async def test_every_active_request_cancelled_is_not_a_failed_step(llama, caplog):
+    eng = TorchEngine(llama, TOKENIZER, stop_token_ids=[], max_batch_size=2, max_seq_len=256)
+    p = prompts(1)[0]
+    slow = [
+        asyncio.ensure_future(
+            eng.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=200)))
+        )
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.05)
+    for f in slow:
+        f.cancel()
+    await asyncio.sleep(0.05)  # the scheduler finds no one left to decode
+    g = await asyncio.wait_for(
+        eng.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=3))), 10
+    )
+    assert len(g.token_ids) == 3
+    assert "step failed" not in caplog.text
+    await eng.close()
 
 
 async def test_failed_step_errors_its_requests_and_engine_recovers(llama, engine, monkeypatch):

@@ -25,7 +25,10 @@ class EngineSection(BaseModel):
         300.0, gt=0, description="vllm: seconds to wait for a started server's /health"
     )
     max_concurrency: int = Field(
-        64, ge=1, description="vllm: requests in flight per server (the engine's bound)"
+        64,
+        ge=1,
+        description="requests in flight per vLLM server; torch: sequences decoded together (its "
+        "KV-cache slots: lower it when long episodes run out of memory)",
     )
 
     @field_validator("base_urls", mode="before")

@@ -336,7 +336,8 @@ class TorchEngine:
         if self._active:
             try:
                 self._drop_cancelled()
-                self._decode_step()
+                if self._active:  # all of them may have been cancelled
+                    self._decode_step()
             except Exception as exc:
                 logger.exception("TorchEngine: decoding step failed")
                 self._fail(list(self._active), f"decoding failed: {exc!r}")

@@ -33,7 +33,8 @@ class Limits:
     """Per-episode limits.
 
     Defaults suit small models on CPU: a few tool turns, short turns, a 2k-token context (the
-    tiny model's window), and a generous wall-clock cap that only catches hung episodes.
+    tiny model's window), and a generous wall-clock cap on the environment's own time that only
+    catches hung tools.
     """
 
     max_turns: int = 6
@@ -43,7 +44,8 @@ class Limits:
     max_context_tokens: int = 2048
     """Tokens of the whole conversation (token-level engines; `max_context`)."""
     timeout_s: float = 300.0
-    """Wall-clock seconds per episode; past it the episode ends with an `infra` error."""
+    """Wall-clock seconds the environment (set-up, tools, feedback) may take per episode; past it
+    the episode ends with an `infra` error. Time waiting for the model does not count."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tokens_per_turn", "max_context_tokens"):

@@ -109,8 +109,9 @@ class Trainer:
         self.engine_model = S.engine_copy(self.model) if own else self.model  # full under FSDP
         if cfg.engine.kind == "torch":  # under FSDP each rank samples from its full copy
             self.engine = make_trainable_engine(
-                "torch", model=self.engine_model, tokenizer=self.tokenizer, seed=cfg.trainer.seed
-            )
+                "torch", model=self.engine_model, tokenizer=self.tokenizer,
+                max_batch_size=cfg.engine.max_concurrency, seed=cfg.trainer.seed,
+            )  # fmt: skip
         self._closers.append(self.engine.close)
         if not separate and not cfg.algorithm.overrides.get("use_tis"):
             # sampler and trainer share weights (or, under FSDP, the copy gathered after each
