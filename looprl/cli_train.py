@@ -83,7 +83,10 @@ def _train_parser(sub: Any) -> None:
         "config", nargs="?", default=None, help="TOML config file (defaults when omitted)"
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue from the run directory's latest checkpoint (with no config file: with "
+        "the config the run recorded in its config.json)",
     )
     p.add_argument(
         "--run-dir", default=None, help="run directory (default runs/NAME from the config)"
@@ -111,20 +114,29 @@ def torchrun_command(argv: list[str], nproc: int) -> list[str]:
             "-m", "looprl.cli", *rest]  # fmt: skip
 
 
-def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
-    """`looprl train`: load and validate the config and the model name, then train."""
-    from looprl.cli_eval import check_model
-    from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
+def train_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Path | None]:
+    """The run's config and directory. `--resume --run-dir DIR` without a TOML file continues
+    with the config the run recorded (overrides still apply), not with the defaults."""
+    from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides, recorded_config
 
-    if args.nproc < 1:
-        raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
-    cfg = load_config(args.config, parse_cli_overrides(extra))  # a ConfigError is one line
-    check_model(cfg.model.name, "--model.name")
     run_dir = Path(args.run_dir) if args.run_dir else None
+    base = recorded_config(run_dir) if args.resume and run_dir and args.config is None else None
+    cfg = load_config(args.config, parse_cli_overrides(extra), base=base)  # errors: one line
     if args.resume and run_dir is None:
         if cfg.run.name is None:
             raise ConfigError("--resume needs a run directory; pass --run-dir DIR or set run.name")
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    return cfg, run_dir
+
+
+def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
+    """`looprl train`: load and validate the config and the model name, then train."""
+    from looprl.cli_eval import check_model
+
+    if args.nproc < 1:
+        raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
+    cfg, run_dir = train_config(args, extra)
+    check_model(cfg.model.name, "--model.name")
     if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
         import subprocess
 

@@ -53,3 +53,33 @@ def test_missing_environment_fails_before_loading_a_model():
     cfg = load_config(None, {"env.name": "no_such_env_xyz", "model.name": "/nonexistent/model"})
     with pytest.raises(ConfigError, match="env.name: unknown environment 'no_such_env_xyz'"):
         Trainer(cfg)
+
+
+def test_resume_without_a_config_file_continues_with_the_recorded_config(tmp_path):
+    """`looprl train --resume --run-dir DIR`: the run's model, LoRA and algorithm, not the defaults."""
+    import argparse
+    import json
+
+    from looprl.cli_train import train_config
+
+    started = load_config(
+        None, {"model.lora": True, "algorithm.preset": "cispo", "trainer.steps": 10}
+    )
+    (tmp_path / "config.json").write_text(json.dumps({"config": started.model_dump()}))
+
+    def args(config=None, resume=True):
+        return argparse.Namespace(config=config, resume=resume, run_dir=str(tmp_path), nproc=1)
+
+    cfg, run_dir = train_config(args(), ["--trainer.steps", "20"])
+    assert run_dir == tmp_path and cfg.model.lora and cfg.algorithm.preset == "cispo"
+    assert cfg.trainer.steps == 20  # an override still applies on top
+    fresh, _ = train_config(args(resume=False), [])
+    assert not fresh.model.lora  # without --resume the defaults, as before
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(
+        ConfigError, match="not a looprl run record.*TOML config the run was started"
+    ):
+        train_config(args(), [])
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ConfigError, match="does not exist.*TOML config the run was started"):
+        train_config(args(), [])

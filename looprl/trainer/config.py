@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import tomllib
@@ -309,12 +310,17 @@ def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
     return f" (did you mean {dash}{close[0]}?)" if close else ""
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a TOML file (or defaults when `path` is None), apply dotted overrides, validate.
+def load_config(
+    path: str | Path | None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Read a TOML file (or `base`, or defaults, when `path` is None), apply dotted overrides, validate.
 
     Errors name the field: `trainer.steps: Input should be greater than or equal to 1`.
     """
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = copy.deepcopy(base) if base is not None else {}
     if path is not None:
         p = Path(path)
         if not p.exists():
@@ -334,3 +340,24 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             hint = RENAMED.get(loc, "") or _did_you_mean(loc, err["type"], overrides or {})
             lines.append(f"{loc}: {err['msg']}{hint}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def recorded_config(run_dir: str | Path) -> dict[str, Any]:
+    """The config a run was started with (the `config` record of its `config.json`).
+
+    `looprl train --resume --run-dir DIR` without a TOML file continues with it, so a resumed run
+    keeps its model, LoRA and algorithm instead of falling back to the defaults.
+    """
+    path = Path(run_dir) / "config.json"
+    fix = "or pass the TOML config the run was started with"
+    if not path.exists():
+        raise ConfigError(
+            f"{path} does not exist: is {run_dir} a looprl run directory? Check it, {fix}"
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))["config"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a looprl run record ({exc!r}); {fix}") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: its 'config' is not a table; {fix}")
+    return record
