@@ -223,8 +223,9 @@ class VLLMEngine:
 
 
 def _each(servers: list[VLLMServer], action: Callable[[VLLMServer], str]) -> list[str]:
-    """`action` (start or restart) on every server concurrently: N servers come up in the time of
-    one on a multi-GPU node. Results in order; the first error is raised after all have ended."""
+    """`action` (start or restart) on every server concurrently, not one after another (on a
+    multi-GPU node each loads on its own GPU). Results in order; the first error is raised after
+    all have ended."""
     if len(servers) <= 1:
         return [action(s) for s in servers]
     with ThreadPoolExecutor(len(servers), thread_name_prefix="vllm-start") as pool:
