@@ -231,6 +231,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     t0 = time.perf_counter()
     done = sweep(args)
+    if args.report_only and all(res.status in ("missing", "busy") for *_, res in done):
+        raise SystemExit(
+            f"no finished run in {args.out} matches these presets, regimes and seeds; check --out "
+            "and give the options the sweep ran with"
+        )
     table = report(args, done)
     busy = [res.name for *_, res in done if res.status == "busy"]
     missing = [res.name for *_, res in done if res.status == "missing"]

@@ -142,3 +142,6 @@ def test_report_only_reads_back_and_starts_nothing(tmp_path):
     assert by_run == {"grpo-u1-a0-s0": "reused", "grpo-u1-a1-s0": "missing"}
     assert not (tmp_path / "grpo-u1-a1-s0").exists()
     assert "| grpo | on-policy |" in summary["table"] and "async" not in summary["table"]
+    elsewhere = ["--out", str(tmp_path / "not-the-sweep")]
+    with pytest.raises(SystemExit, match="no finished run in .*not-the-sweep.*check --out"):
+        ca.main([*SMALL, *elsewhere, "--report-only"])
