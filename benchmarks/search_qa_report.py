@@ -121,7 +121,9 @@ def plot(run_dir: Path, evals: dict[int, list[dict[str, Any]]], out: Path) -> Pa
     train = training_curve(run_dir, "reward/exact_match")
     if train:
         ax.plot(*zip(*train, strict=True), alpha=0.4, linestyle="--", label="training episodes")
-    ax.set(xlabel="GRPO step", ylabel="exact match", ylim=(0, 1.05), title="search_qa accuracy")
+    first = next(iter(evals.values()))
+    title = f"search_qa accuracy ({len({e['id'] for e in first})} held-out questions)"
+    ax.set(xlabel="GRPO step", ylabel="exact match", ylim=(0, 1.05), title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
