@@ -58,7 +58,10 @@ async def rollout(
     try:
         state = await clock.run(env.setup_state(task))
         transcript = _transcript(env, engine, renderer, result)
-        await _episode_loop(env, engine, transcript, config, result, state, clock)
+        # the loop in a task of its own, as always: the order in which episodes reach the
+        # engine (hence the batches it forms) is what exact resume was verified with
+        loop = _episode_loop(env, engine, transcript, config, result, state, clock)
+        await asyncio.ensure_future(loop)
     except TimeoutError:
         _stop(
             result,
@@ -94,10 +97,15 @@ class EnvClock:
         self.used_s = 0.0
 
     async def run(self, work: Awaitable[Any]) -> Any:
-        """Await `work` within what is left of the budget; TimeoutError when it runs out."""
+        """Await `work` within what is left of the budget; TimeoutError when it runs out.
+
+        In the caller's own task (no new task per call, unlike `wait_for`), so the order in
+        which episodes reach the engine does not change.
+        """
         t0 = time.perf_counter()
         try:
-            return await asyncio.wait_for(work, max(0.0, self.limit_s - self.used_s))
+            async with asyncio.timeout(max(0.0, self.limit_s - self.used_s)):
+                return await work
         finally:
             self.used_s += time.perf_counter() - t0
 
