@@ -196,7 +196,7 @@ def test_lora_adapters_are_hot_loaded_each_step(tmp_path) -> None:
 def test_two_servers_share_groups_fail_over_then_restart(tmp_path) -> None:
     """Groups spread over both servers by task id; a dead server's requests go to the other; with
     both dead a request is an infra error naming the connection; the next weight sync restarts
-    both (concurrently) with the current weights."""
+    both with the current weights."""
     from looprl.engines.vllm_engine import VLLMEngine
     from looprl.models.loading import load_model
     from looprl.trainer.checkpoint import export_hf

@@ -4,8 +4,7 @@
 token ids in and sampled ids plus logprobs out (`OpenAIEngine(token_level=True)`), so the
 rollout's token-exact invariants hold as with `TorchEngine`. It either starts its own servers
 (`num_servers` of them, on the model directory it is given, stopped on every exit path) or uses
-servers the user started (`base_urls`, never stopped by looprl). Servers start, and restart,
-concurrently.
+servers the user started (`base_urls`, never stopped by looprl).
 
 - **Placement.** A request goes to the server its `affinity` (the task id) hashes to, so every
   turn of a group's episodes hits one server's prefix cache. A request whose server is dead
@@ -27,8 +26,7 @@ import asyncio
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,12 +100,16 @@ class VLLMEngine:
         self.stats = {"failovers": 0, "restarts": 0, "syncs": 0}
 
     def _start_all(self) -> list[str]:
-        """Start every server at once (each start waits on its own process) and return the URLs."""
+        """Start the servers one after another (started together, one of two was unreachable
+        in the tests) and return their URLs."""
+        urls = []
         try:
-            return _each(self.servers, VLLMServer.start)
+            for server in self.servers:
+                urls.append(server.start())
         except BaseException:
             self._stop_servers()
             raise
+        return urls
 
     async def generate(self, request: GenerationRequest) -> Generation:
         """Sample on the request's server; fail over to the next live one if it is down."""
@@ -187,17 +189,16 @@ class VLLMEngine:
         self.stats["syncs"] += 1
 
     def _restart_dead(self) -> None:
-        """Start dead servers that looprl runs again (all at once), with the current weights."""
-        dead = [i for i, server in enumerate(self.servers) if not server.alive()]
-        for i in dead:
+        """Start dead servers that looprl runs again, with the current weights."""
+        for i, server in enumerate(self.servers):
+            if server.alive():
+                continue
             console.print(
-                f"[yellow]warning:[/yellow] vLLM server {i} ({self.servers[i].base_url}) died; "
-                f"restarting it (log: {self.servers[i].log_path})",
+                f"[yellow]warning:[/yellow] vLLM server {i} ({server.base_url}) died; restarting "
+                f"it (log: {server.log_path})",
                 highlight=False,
             )
-        urls = _each([self.servers[i] for i in dead], VLLMServer.restart)
-        for i, url in zip(dead, urls, strict=True):
-            server = self.servers[i]
+            url = server.restart()
             self.stats["restarts"] += 1
             self.clients[i].base_url = url.rstrip("/")
             if self._current is not None:
@@ -220,18 +221,6 @@ class VLLMEngine:
     def _stop_servers(self) -> None:
         for server in self.servers:
             server.stop()
-
-
-def _each(servers: list[VLLMServer], action: Callable[[VLLMServer], str]) -> list[str]:
-    """`action` (start or restart) on every server concurrently, not one after another (on a
-    multi-GPU node each loads on its own GPU). Results in order; the first error is raised after
-    all have ended."""
-    if len(servers) <= 1:
-        return [action(s) for s in servers]
-    with ThreadPoolExecutor(len(servers), thread_name_prefix="vllm-start") as pool:
-        futures = [pool.submit(action, s) for s in servers]
-        wait(futures)
-    return [f.result() for f in futures]
 
 
 def _lora_args(rank: int | None) -> tuple[str, ...]:
