@@ -51,3 +51,26 @@ def training_curve(run_dir: Path, key: str) -> list[tuple[int, float]]:
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text("utf-8").splitlines() if x.strip()]
     return [(r["step"], r[key]) for r in rows if key in r]
+
+
+def finish_plot(fig: Any, ax: Any, out: Path, *, ylabel: str, title: str) -> Path:
+    """A held-out-rate plot's common finish: axes on [0, 1], grid, legend, saved as a PNG at `out`."""
+    import matplotlib.pyplot as plt
+
+    ax.set(xlabel="GRPO step", ylabel=ylabel, ylim=(0, 1.05), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def print_paired_change(
+    what: str, first: int, last: int, change: tuple[float, float, float], unit: str
+) -> None:
+    """Print a first-to-last change with its interval, e.g. `win rate change, step 0 -> 40 ...`."""
+    gain, low, high = change
+    print(
+        f"\n{what} change, step {first} -> {last} (paired, {unit}): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
+    )

@@ -20,7 +20,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.eval_stats import bootstrap_mean, stored_evals, training_curve
+from benchmarks.eval_stats import (
+    bootstrap_mean,
+    finish_plot,
+    print_paired_change,
+    stored_evals,
+    training_curve,
+)
 from looprl.envs.corpus import generate_world
 from looprl.envs.search_qa import extract_answer, load_corpus, normalize_answer
 
@@ -123,13 +129,7 @@ def plot(run_dir: Path, evals: dict[int, list[dict[str, Any]]], out: Path) -> Pa
         ax.plot(*zip(*train, strict=True), alpha=0.4, linestyle="--", label="training episodes")
     first = next(iter(evals.values()))
     title = f"search_qa accuracy ({len({e['id'] for e in first})} held-out questions)"
-    ax.set(xlabel="GRPO step", ylabel="exact match", ylim=(0, 1.05), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return finish_plot(fig, ax, out, ylabel="exact match", title=title)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,10 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     first, last = min(evals), max(evals)
     print(table(evals))
     if last != first:
-        gain, low, high = paired_change(evals[first], evals[last])
-        print(
-            f"\naccuracy change, step {first} -> {last} (paired, same questions): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
-        )
+        change = paired_change(evals[first], evals[last])
+        print_paired_change("accuracy", first, last, change, "same questions")
     if args.plot:
         print(f"plot: {plot(args.run_dir, evals, args.plot)}")
     out = args.run_dir / "search_qa_report.json"

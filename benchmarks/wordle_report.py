@@ -18,7 +18,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.eval_stats import bootstrap_mean, stored_evals, training_curve, wilson
+from benchmarks.eval_stats import (
+    bootstrap_mean,
+    finish_plot,
+    print_paired_change,
+    stored_evals,
+    training_curve,
+    wilson,
+)
 from looprl.envs.wordle import (
     MAX_GUESSES,
     consistent,
@@ -122,13 +129,7 @@ def plot(runs: dict[str, Path], out: Path) -> Path:
         train = training_curve(run_dir, "reward/win")
         ax.plot(*zip(*train, strict=True), color=colour, alpha=0.4, linestyle="--",
                 label=f"{label}: training games")  # fmt: skip
-    ax.set(xlabel="GRPO step", ylabel="win rate", ylim=(0, 1.05), title="wordle win rate")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return finish_plot(fig, ax, out, ylabel="win rate", title="wordle win rate")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,10 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     first, last = min(evals), max(evals)
     print(table(evals))
     if last != first:
-        gain, low, high = paired_gain(evals[first], evals[last])
-        print(
-            f"\nwin rate change, step {first} -> {last} (paired, same games): {gain:+.3f} [{low:+.3f}, {high:+.3f}]"
-        )
+        change = paired_gain(evals[first], evals[last])
+        print_paired_change("win rate", first, last, change, "same games")
     if args.plot:
         dirs = [args.run_dir, *args.also]
         names = args.labels + [d.name for d in dirs[len(args.labels) :]]
