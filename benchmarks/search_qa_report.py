@@ -28,7 +28,9 @@ from benchmarks.eval_stats import (
     training_curve,
 )
 from looprl.envs.corpus import generate_world
+from looprl.envs.kit import answer_text
 from looprl.envs.search_qa import extract_answer, load_corpus, normalize_answer
+from looprl.types import Message
 
 
 def titles_of(run_dir: Path) -> dict[str, str]:
@@ -46,7 +48,8 @@ def judge(row: dict[str, Any], titles: dict[str, str]) -> dict[str, Any]:
     """One episode's outcome: correct, answered at all, gold pages read, answered the bridge."""
     task = row["task"]
     replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-    answer = extract_answer(replies[-1]) if replies else None
+    # read as the rubric reads it: the last reply's text outside reasoning blocks
+    answer = extract_answer(answer_text(Message("assistant", replies[-1]))) if replies else None
     gold = task["info"].get("gold_doc_ids") or []
     bridge = titles.get(gold[1]) if len(gold) > 1 else None
     return {

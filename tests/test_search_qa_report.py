@@ -56,6 +56,12 @@ def test_bridge_answers_no_answers_and_the_paired_change(tmp_path, capsys):
     # per question: before 0, 0.5, 0 -> after 1, 1, 0.5: every change is +0.5 or +1
     gain, low, high = paired_change(evals[0], evals[5])
     assert gain == pytest.approx((1 + 0.5 + 0.5) / 3) and 0.5 <= low <= gain <= high <= 1.0
+    # read as the rubric reads: an answer written only in reasoning is no answer
+    thought = [_row(a, f"<think><answer>{bridge}</answer></think>I am not sure")]
+    (tmp_path / "think").mkdir()
+    _run(tmp_path / "think", {0: thought})
+    judged = evaluations(tmp_path / "think")[0]
+    assert [(e["bridge"], e["no_answer"]) for e in judged] == [(False, True)]
     main([str(tmp_path), "--plot", str(tmp_path / "s.png")])
     out = capsys.readouterr().out
     assert "| 0 | 3 x 2 | 0.167 [" in out and "| 5 | 3 x 2 | 0.833 [" in out
