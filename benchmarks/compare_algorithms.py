@@ -15,7 +15,8 @@ finished runs are read back, interrupted ones continue from their last checkpoin
 checkpoint (so a resumed run regenerates them exactly), so each checkpoint drains the async
 pipeline for one step: a larger `--save-every` keeps async runs nearer their steady state, and
 `summary.json` gives each run's mean `staleness` to show what ran. It writes `summary.json` (every run, its status and
-statistics), two plots per regime (held-out accuracy against steps and against wall-clock), and
+statistics), two plots per regime (held-out accuracy against steps and against wall-clock; with
+`--also-plot KEY ...` one more against steps for each metrics.jsonl key), and
 prints a markdown table for docs/results.md (benchmarks/compare_report.py says what each column
 means, and the collapse rule).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,15 @@ def report(args: argparse.Namespace, done: list[tuple[str, Regime, int, RunResul
             for p in args.presets
         }
         plots = plot_accuracy(curves, KEY, args.out / f"accuracy-{regime.tag}.png", regime.label)
+        for key in args.also_plot:  # a metric of metrics.jsonl, against steps
+            if not any(r.get(key) is not None for g in curves.values() for rows in g for r in rows):
+                console.print(
+                    f"[yellow]--also-plot {key}: no run recorded it; not plotted[/yellow]"
+                )
+                continue
+            name = re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_")
+            out = args.out / f"{name}-{regime.tag}.png"
+            plots += plot_accuracy(curves, key, out, regime.label, key, xs=("step",))
         console.print("plots: " + ", ".join(str(p) for p in plots))
     return table
 
@@ -202,6 +213,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: two sweeps share 2 cores)"
+    )
+    p.add_argument(
+        "--also-plot",
+        nargs="+",
+        default=[],
+        metavar="KEY",
+        help="more per-regime plots against steps, of these metrics.jsonl keys "
+        "(e.g. reward/answer_format eval/answer_format entropy)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     args, extra = p.parse_known_args(argv)

@@ -164,19 +164,25 @@ def mean_curves(
 
 
 def plot_accuracy(
-    runs: Mapping[str, Sequence[Rows]], key: str, out: Path, title: str
+    runs: Mapping[str, Sequence[Rows]],
+    key: str,
+    out: Path,
+    title: str,
+    ylabel: str = "held-out accuracy",
+    xs: Sequence[str] = ("step", "wall"),
 ) -> list[Path]:
-    """Two plots of held-out accuracy (mean ± std over seeds): against steps, against seconds."""
+    """Plots of `key` (held-out accuracy unless told; mean ± std over seeds), one per x axis:
+    against steps ("step"), against seconds ("wall")."""
     paths = []
-    for x, label in (("step", "step"), ("wall", "wall-clock seconds")):
+    for x in xs:
         series, bands = mean_curves(runs, key, x)
         paths.append(
             plot_comparison(
                 series,
                 out.with_name(f"{out.stem}-{x}.png"),
                 f"{title} (mean ± std over seeds)",
-                label,
-                "held-out accuracy",
+                "step" if x == "step" else "wall-clock seconds",
+                ylabel,
                 bands=bands,
             )
         )

@@ -136,7 +136,9 @@ def test_report_only_reads_back_and_starts_nothing(tmp_path):
     missing, and no run directory is created or trained."""
     out = ["--out", str(tmp_path)]
     ca.main([*SMALL, *out, "--max-async-steps", "0"])  # the on-policy run only
-    ca.main([*SMALL, *out, "--report-only"])
+    ca.main([*SMALL, *out, "--report-only", "--also-plot", "entropy", "eval/no_such_key"])
+    assert (tmp_path / "entropy-u1-a0-step.png").stat().st_size > 0
+    assert not list(tmp_path.glob("eval_no_such_key*"))
     summary = json.loads((tmp_path / "summary.json").read_text())
     by_run = {r["run"]: r["status"] for r in summary["runs"]}
     assert by_run == {"grpo-u1-a0-s0": "reused", "grpo-u1-a1-s0": "missing"}
