@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.compare_report import RunStats, markdown_table, plot_accuracy, run_stats
+from benchmarks.compare_report import RunStats, markdown_table, plot_metric, run_stats
 from benchmarks.compare_runs import RunResult, run_resumable
 from looprl.algorithms.presets import PRESETS
 from looprl.console import console
@@ -158,7 +158,7 @@ def report(args: argparse.Namespace, done: list[tuple[str, Regime, int, RunResul
             p: [res.rows for q, r, _, res in done if q == p and r == regime and res.rows]
             for p in args.presets
         }
-        plots = plot_accuracy(curves, KEY, args.out / f"accuracy-{regime.tag}.png", regime.label)
+        plots = plot_metric(curves, KEY, args.out / f"accuracy-{regime.tag}.png", regime.label)
         for key in args.also_plot:  # a metric of metrics.jsonl, against steps
             if not any(r.get(key) is not None for g in curves.values() for rows in g for r in rows):
                 console.print(
@@ -167,7 +167,7 @@ def report(args: argparse.Namespace, done: list[tuple[str, Regime, int, RunResul
                 continue
             name = re.sub(r"[^A-Za-z0-9]+", "_", key).strip("_")
             out = args.out / f"{name}-{regime.tag}.png"
-            plots += plot_accuracy(curves, key, out, regime.label, key, xs=("step",))
+            plots += plot_metric(curves, key, out, regime.label, key, xs=("step",))
         console.print("plots: " + ", ".join(str(p) for p in plots))
     return table
 

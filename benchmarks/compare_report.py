@@ -163,7 +163,7 @@ def mean_curves(
     return series, bands
 
 
-def plot_accuracy(
+def plot_metric(
     runs: Mapping[str, Sequence[Rows]],
     key: str,
     out: Path,
