@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m looprl.demo
+	$(BIN)/python -m looprl.cli.demo
 
 # vLLM's CPU build in a venv of its own (it pins another transformers); once, in ~/.cache/looprl
 vllm: $(STAMP)

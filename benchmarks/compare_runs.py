@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from looprl.trainer.checkpoint import list_checkpoints
+from looprl.trainer.checkpoint.single import list_checkpoints
 from looprl.trainer.config import TrainConfig
 from looprl.trainer.trainer import Trainer
 

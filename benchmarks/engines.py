@@ -125,7 +125,7 @@ def load_subject(name: str, tmp: Path) -> Subject:
     """`tiny` (exported with export_hf) or `smollm2` (random weights, SmolLM2-135M's shape)."""
     if name == "tiny":
         from looprl.models.loading import load_model
-        from looprl.trainer.checkpoint import export_hf
+        from looprl.trainer.checkpoint.single import export_hf
 
         model, tokenizer = load_model("tiny", device="cpu")
         model_dir = export_hf(model, tokenizer, tmp / "tiny")

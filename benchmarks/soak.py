@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.safe_json import loads_strict
-from looprl.trainer.checkpoint_files import STEP_DIR
+from looprl.trainer.checkpoint.files import STEP_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK_ENV = str(ROOT / "benchmarks" / "soak_env.py")
@@ -63,12 +63,12 @@ def warm_start(out: Path, seed: int) -> Path:
     sft_dir = out / "sft"
     if (sft_dir / "config.json").exists():
         return sft_dir
-    from looprl.demo import teacher_rows
+    from looprl.cli.demo import teacher_rows
     from looprl.envs.calculator import load_environment
     from looprl.models.loading import load_model
     from looprl.rendering.renderer import Renderer
-    from looprl.sft import examples_from_rows, sft_train
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.sft.train import examples_from_rows, sft_train
+    from looprl.trainer.checkpoint.single import export_hf
     from looprl.trainer.setup import seed_everything
 
     rows = teacher_rows(3000, seed, 1.0, load_environment().tool_schemas)
@@ -112,7 +112,7 @@ def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, step
     """One `looprl train` run, killed and damaged at random, resumed until it finishes."""
     name = f"train-{i:03d}"
     run_dir = out / name
-    cmd = [sys.executable, "-m", "looprl.cli", "train", RECIPE, "--model.name", str(sft)]
+    cmd = [sys.executable, "-m", "looprl.cli.main", "train", RECIPE, "--model.name", str(sft)]
     cmd += ["--env.name", SOAK_ENV, "--trainer.steps", str(steps), "--trainer.save_every", "2"]
     cmd += ["--rollout.tasks_per_step", "4", "--rollout.rollouts_per_task", "4"]
     cmd += ["--trainer.eval_every", "0", "--trainer.eval_tasks", "8", "--trainer.seed", str(i)]
@@ -188,7 +188,7 @@ def eval_cycle(i: int, out: Path, rng: random.Random, t: Tally) -> None:
     t.eval_runs += 1
     for attempt in range(6):
         srv = FakeOpenAIServer(script=_solver, delay=0.05).start()
-        cmd = [sys.executable, "-m", "looprl.cli", "eval", SOAK_ENV, "--base-url", srv.base_url]
+        cmd = [sys.executable, "-m", "looprl.cli.main", "eval", SOAK_ENV, "--base-url", srv.base_url]
         cmd += ["--model", "fake", "-n", "40", "-r", "2", "--concurrency", "4"]
         cmd += ["--output", str(run_dir)] + (["--resume"] if attempt else [])
         t.resumes += bool(attempt)

@@ -16,7 +16,7 @@ from typing import Any
 
 from looprl.envs.base import ToolEnv
 from looprl.envs.calculator import calculate, correct_answer, generate_tasks
-from looprl.envs.kit import tool_call_validity, used_tool
+from looprl.kit import tool_call_validity, used_tool
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult
 

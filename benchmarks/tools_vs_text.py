@@ -5,7 +5,7 @@ in each task's info): `tools` (the `calculator` environment: call `calculate`, t
 `text` (`calculator_text`: no tool, work it out in text, then answer). Each variant:
 
 1. warm start (`--warm-start N`, 0 to skip): N training tasks played by its scripted teacher
-   (`looprl.teachers.calculator`: the tool call, then the answer; `calculator_text.worked_answer`:
+   (`looprl.sft.teachers.calculator`: the tool call, then the answer; `calculator_text.worked_answer`:
    the operations one a line, then the answer), then `looprl sft` on those traces;
 2. RL: `--steps` GRPO steps (LoRA on SmolLM2-135M by default), evaluated on the same held-out
    tasks before training and at the end;
@@ -35,8 +35,8 @@ from benchmarks.compare_runs import RunResult, run_resumable
 from looprl.console import console
 from looprl.envs.calculator_text import worked_answer
 from looprl.envs.registry import load_environment
-from looprl.teachers import calculator as tool_teacher
-from looprl.teachers import sft_rows, teacher_episodes
+from looprl.sft.teachers import calculator as tool_teacher
+from looprl.sft.teachers import sft_rows, teacher_episodes
 from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -69,7 +69,7 @@ def warm_start(args: argparse.Namespace, variant: str, out: Path) -> str:
     traces.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     console.print(f"{variant}: {len(rows)} teacher traces of {len(tasks)} tasks -> {traces}")
     command = [
-        sys.executable, "-m", "looprl.cli", "sft", "--data", str(traces), "--model", str(args.model),
+        sys.executable, "-m", "looprl.cli.main", "sft", "--data", str(traces), "--model", str(args.model),
         "--output", str(model_dir), "--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr),
         "--batch-size", "8", "--micro-batch-tokens", "2048",
     ]  # fmt: skip

@@ -12,7 +12,7 @@ result>.", so every episode is 2 model calls + 1 tool call and costs the model n
 the framework is measured. No model runs, so benchmarks/roofline.py has nothing to bound here.
 
 Each run is a fresh worker process: looprl's (this file with `--worker`, driving
-`looprl.evaluation.evaluate` with `make_policy(..., base_url=...)` as `looprl eval --base-url`
+`looprl.eval.summary.evaluate` with `make_policy(..., base_url=...)` as `looprl eval --base-url`
 does, minus the progress bar and results file) or verifiers' (benchmarks/verifiers_worker.py in
 its own venv, `vf.ToolEnv` driven by `env.generate`, which `vf-eval` uses, minus the progress
 bar and saving). A worker runs a few untimed episodes, then times one call over all episodes
@@ -141,8 +141,8 @@ def _rss_mib() -> float:
 async def _looprl_episodes(base_url: str, tasks: list[Any], concurrency: int, env: Any) -> Any:
     """One `evaluate` over `tasks` with a fresh engine, `concurrency` episodes at a time."""
     from looprl.engines.factory import make_policy
-    from looprl.evaluation import evaluate
-    from looprl.rollout import RolloutConfig
+    from looprl.eval.summary import evaluate
+    from looprl.rollout.loop import RolloutConfig
     from looprl.types import SamplingParams
 
     policy = make_policy("fake-model", base_url=base_url, max_concurrency=concurrency)

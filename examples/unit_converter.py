@@ -138,7 +138,7 @@ _QUESTION = re.compile(r"Convert (\S+) (\S+) to (\S+)\.")
 
 def policy(messages: list[Message]) -> str:
     """A scripted policy: look up both units (two calls in one turn), convert, copy the result."""
-    from looprl.teachers import tool_call
+    from looprl.sft.teachers import tool_call
 
     found = _QUESTION.search(next(m.content for m in messages if m.role == "user"))
     if found is None:

@@ -2,6 +2,6 @@
 
 import sys
 
-from looprl.cli import main
+from looprl.cli.main import main
 
 sys.exit(main())

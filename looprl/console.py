@@ -60,7 +60,7 @@ def _fmt(value: float) -> str:
 
 
 def summary_table(summary: Summary, title: str = "Evaluation") -> Table:
-    """A two-column table of an evaluation summary from `looprl.evaluation.summarize`."""
+    """A two-column table of an evaluation summary from `looprl.eval.summary.summarize`."""
     table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -33,7 +33,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, get_args
 
-from looprl.envs.kit import split_of
+from looprl.kit import split_of
 from looprl.types import Message, Role, Task
 
 DATA_EXTRA = "data"

@@ -7,7 +7,7 @@ from typing import Any
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.base import Environment
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import rollout
+from looprl.rollout.loop import rollout
 from looprl.types import EpisodeResult, Message, Task
 
 LOGPROB = -0.5

@@ -17,8 +17,8 @@ import torch
 from conftest import small_llama
 from safetensors import safe_open
 
-from looprl.trainer import checkpoint as ckpt
-from looprl.trainer.checkpoint import (
+from looprl.trainer.checkpoint import single as ckpt
+from looprl.trainer.checkpoint.single import (
     CheckpointDamaged,
     export_hf,
     latest_checkpoint,

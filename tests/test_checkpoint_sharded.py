@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from looprl.trainer import checkpoint as ckpt
-from looprl.trainer.checkpoint_files import checkpoint_dir
-from looprl.trainer.checkpoint_sharded import _find_intact, check_resume_world
-from looprl.trainer.checkpoint_verify import (
+from looprl.trainer.checkpoint import single as ckpt
+from looprl.trainer.checkpoint.files import checkpoint_dir
+from looprl.trainer.checkpoint.sharded import _find_intact, check_resume_world
+from looprl.trainer.checkpoint.verify import (
     CheckpointDamaged,
     WorldSizeMismatch,
     read_sharded,

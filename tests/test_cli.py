@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from looprl.cli import main
+from looprl.cli.main import main
 
 
 def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> str:
@@ -60,12 +60,12 @@ def test_user_mistakes_are_one_line_and_leave_nothing(capsys, in_tmp, argv, need
     [("--temperature", "-1"), ("--top-p", "0"), ("--top-p", "1.5"), ("--max-tokens", "0")],
 )
 def test_bad_sampling_is_refused_before_any_work(capsys, in_tmp, monkeypatch, flag, value):
-    import looprl.run_eval
+    import looprl.eval.run
 
     def no_work(*args, **kwargs):
         raise AssertionError("the evaluation started")
 
-    monkeypatch.setattr(looprl.run_eval, "eval_job", no_work)
+    monkeypatch.setattr(looprl.eval.run, "eval_job", no_work)
     _fails(capsys, ["eval", "calculator", flag, value], f"{flag} {value}")
     assert list(in_tmp.iterdir()) == []
 
@@ -122,12 +122,12 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, monkeypatch) -
     assert debug.returncode == 2 and "Traceback" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("error: unknown environment")
 
-    import looprl.run_eval
+    import looprl.eval.run
 
     def bug(*args, **kwargs):
         raise RuntimeError("a bug, not a user mistake")
 
-    monkeypatch.setattr(looprl.run_eval, "eval_job", bug)
+    monkeypatch.setattr(looprl.eval.run, "eval_job", bug)
     with pytest.raises(RuntimeError, match="a bug"):  # not turned into a one-line exit 2
         main(["eval", "calculator", "-n", "1", "--output", str(tmp_path / "o")])
 

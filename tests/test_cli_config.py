@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from looprl.cli import main
-from looprl.cli_fields import model_fields, show_value
-from looprl.cli_train import SFTConfig, config_markdown
-from looprl.run_eval import EvalConfig
+from looprl.cli.main import main
+from looprl.cli.fields import model_fields, show_value
+from looprl.cli.train import SFTConfig, config_markdown
+from looprl.eval.run import EvalConfig
 from looprl.trainer.config import TrainConfig
 
 ROOT = Path(__file__).parent.parent

@@ -60,7 +60,7 @@ def test_resume_without_a_config_file_continues_with_the_recorded_config(tmp_pat
     import argparse
     import json
 
-    from looprl.cli_train import train_config
+    from looprl.cli.train import train_config
 
     started = load_config(
         None, {"model.lora": True, "algorithm.preset": "cispo", "trainer.steps": 10}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from looprl.demo import main
+from looprl.cli.demo import main
 
 pytestmark = pytest.mark.slow
 

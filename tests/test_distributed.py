@@ -254,7 +254,7 @@ def _have_vllm() -> bool:
 def test_two_processes_train_against_a_vllm_server(tmp_path):
     """Rank 0 drives the server and hands the batch out; every sync reaches the server."""
     from looprl.engines.vllm_server import VLLMServer
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.checkpoint.single import export_hf
 
     export_hf(*load_model("tiny"), tmp_path / "tiny-hf")
     with VLLMServer(tmp_path / "tiny-hf", max_model_len=2048) as server:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from looprl.cli import main
+from looprl.cli.main import main
 
 ENV = textwrap.dedent(
     '''

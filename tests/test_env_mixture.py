@@ -16,7 +16,7 @@ from looprl.envs.base import SingleTurnEnv
 from looprl.envs.mixture import MixtureEnv, _allocate, load_environment, per_env_summary
 from looprl.rendering.parser import ParsedTurn
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import rollout, run_groups
+from looprl.rollout.loop import rollout, run_groups
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

@@ -10,7 +10,7 @@ from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.python_math import correct, final_answer, generate_tasks, load_environment
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import run_group
+from looprl.rollout.loop import run_group
 from looprl.types import EpisodeResult, Message, Task
 
 

@@ -169,7 +169,7 @@ async def test_hint_lists_the_words_still_possible():
 
 
 async def test_teacher_picks_a_listed_word_and_wins_the_easy_game():
-    from looprl import teachers
+    from looprl.sft import teachers
 
     env = load_environment(pool=300, hint=10)
     tasks = env.get_tasks("train", 20, seed=1)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from looprl.cli import main
-from looprl.evaluation import load_results
+from looprl.cli.main import main
+from looprl.eval.summary import load_results
 
 pytestmark = pytest.mark.slow
 

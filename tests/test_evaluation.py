@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from looprl.evaluation import ResultsWriter, load_results, pass_at_k, summarize
+from looprl.eval.summary import ResultsWriter, load_results, pass_at_k, summarize
 from looprl.types import EpisodeResult, Message, Task, Trajectory
 
 

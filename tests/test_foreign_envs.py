@@ -18,7 +18,7 @@ from env_helpers import check_token_invariants, run_episode
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
-from looprl.rollout import episode_seed, run_group
+from looprl.rollout.loop import episode_seed, run_group
 from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 

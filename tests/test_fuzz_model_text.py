@@ -17,10 +17,10 @@ from fuzz_text import model_text, random_json
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.calculator import load_environment
-from looprl.evaluation import ResultsWriter, load_results, summarize, write_metadata
+from looprl.eval.summary import ResultsWriter, load_results, summarize, write_metadata
 from looprl.rendering.parser import PARSE_ERROR_KINDS, HermesParser
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import RolloutConfig, run_groups
+from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.safe_json import dumps, loads_strict, sanitize
 from looprl.trainer.logger import save_rollouts
 from looprl.types import EpisodeResult

@@ -13,9 +13,9 @@ from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs import SingleTurnEnv, final_reply
 from looprl.envs.registry import load_environment
-from looprl.evaluation import summarize
-from looprl.judge import JudgeParseError, JudgeRubric, judge_injection, parse_score
-from looprl.judge_config import make_judge
+from looprl.eval.summary import summarize
+from looprl.judge.rubric import JudgeParseError, JudgeRubric, judge_injection, parse_score
+from looprl.judge.config import make_judge
 from looprl.rubrics import Rubric
 from looprl.testing.fake_openai import FakeOpenAIServer
 from looprl.types import EpisodeResult, Generation, Message, Task
@@ -227,7 +227,7 @@ EXPLOITS = {
 @pytest.mark.parametrize("exploit", sorted(EXPLOITS))
 async def test_injection_raises_the_naive_score_but_not_the_hardened(exploit, monkeypatch):
     # Even a candidate that knew the fence token cannot close the fence: its lines are quoted.
-    monkeypatch.setattr("looprl.judge.secrets.token_hex", lambda n: "feedfacefeedface")
+    monkeypatch.setattr("looprl.judge.rubric.secrets.token_hex", lambda n: "feedfacefeedface")
     naive = JudgeRubric(ScriptedEngine(gullible_judge), hardened=False)
     hardened = JudgeRubric(ScriptedEngine(gullible_judge))
     ep = _ep(EXPLOITS[exploit])

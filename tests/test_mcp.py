@@ -24,7 +24,7 @@ from env_helpers import check_token_invariants, run_episode
 pytest.importorskip("mcp", reason="the mcp extra: pip install 'looprl[mcp]'")
 
 from looprl.envs.base import ToolEnv  # noqa: E402
-from looprl.envs.kit import tool_call_validity  # noqa: E402
+from looprl.kit import tool_call_validity  # noqa: E402
 from looprl.mcp import (
     MCP_ERROR,
     MCPServer,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from looprl.trainer.config import ConfigError, load_config
-from looprl.trainer.monitors import MONITORS, EpisodeView, Monitors
-from looprl.trainer.monitors_config import MonitorsSection
-from looprl.trainer.monitors_episodes import (
+from looprl.trainer.monitors.core import MONITORS, EpisodeView, Monitors
+from looprl.trainer.monitors.config import MonitorsSection
+from looprl.trainer.monitors.episodes import (
     StepView,
     correlation,
     repeated_fraction,
@@ -293,7 +293,7 @@ def test_monitors_run_in_a_real_training_run(tmp_path) -> None:
 
 
 def test_replay_of_a_logged_run_reports_trips_and_noise(tmp_path, capsys) -> None:
-    from looprl.trainer.monitors_replay import main
+    from looprl.trainer.monitors.replay import main
 
     rows = [{"step": s, **m} for s, m, _ in demo_stream()]
     rows[24]["tool_calls"] = 6.0  # step 25: a flood of calls

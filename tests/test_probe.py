@@ -105,7 +105,7 @@ def test_bundled_environments_pass_strict(probes):
 
 
 def test_cli_strict_exit_code_and_files(tmp_path):
-    from looprl.cli import main
+    from looprl.cli.main import main
 
     out = tmp_path / "anywhere"
     argv = ["probe", "number_anywhere", "--tasks", "2", "--out", str(out)]
@@ -128,7 +128,7 @@ def test_cli_strict_exit_code_and_files(tmp_path):
 
 
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
-    from looprl.cli import main
+    from looprl.cli.main import main
 
     assert main(["probe", "number_final", "--tasks", "0"]) == 2
     assert "--tasks" in capsys.readouterr().err
@@ -193,7 +193,7 @@ def test_notation_exploits_write_the_value_another_way():
 
 
 def test_answers_are_read_outside_reasoning_and_tool_calls():
-    from looprl.envs.kit import answer_text
+    from looprl.kit import answer_text
     from looprl.envs.python_math import not_in_lowest_terms
 
     msg = Message(role="assistant", content="<think>The answer is 4.</think> I give up.")

@@ -18,7 +18,7 @@ from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
 from looprl.rendering.formats import PARSERS
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import rollout
+from looprl.rollout.loop import rollout
 from looprl.types import EpisodeResult, Generation, Message, ToolCall
 
 _spec = importlib.util.spec_from_file_location(
@@ -86,7 +86,7 @@ class RecordingEngine(ScriptedEngine):
 async def _play(
     name: str, env_name: str, think: bool, template: str | None = None
 ) -> tuple[EpisodeResult, RecordingEngine, Renderer]:
-    from looprl import teachers
+    from looprl.sft import teachers
 
     tok = tokenizer(name, template)
     env = load_environment(env_name)

@@ -11,10 +11,10 @@ import pytest
 
 from looprl.engines.base import GenerationRequest
 from looprl.envs.calculator import load_environment
-from looprl.envs.kit import final_answer_text, final_reasoning
+from looprl.kit import final_answer_text, final_reasoning
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import CHATML_TOOLS_TEMPLATE, set_chat_template
-from looprl.rollout import rollout
+from looprl.rollout.loop import rollout
 from looprl.trainer.config import TrainConfig
 from looprl.types import EpisodeResult, Generation, Message
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from looprl.cli import main
+from looprl.cli.main import main
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.base import Limits
 from looprl.envs.calculator import load_environment
-from looprl.evaluation import error_headline, summarize
+from looprl.eval.summary import error_headline, summarize
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import run_group
+from looprl.rollout.loop import run_group
 from looprl.testing.fake_openai import FakeOpenAIServer, FakeReply
 from looprl.tools import TIMEOUT, UNAVAILABLE, ToolExecutor
 from looprl.tools.threads import ToolThreads
@@ -140,7 +140,7 @@ def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None
     exits at once (no thread of the hung tool keeps it alive)."""
     out = tmp_path / "hung"
     with FakeOpenAIServer(script=_tool_then_answer("hang")) as srv:
-        cmd = [sys.executable, "-m", "looprl.cli", "eval", HANG_ENV, "--base-url", srv.base_url]
+        cmd = [sys.executable, "-m", "looprl.cli.main", "eval", HANG_ENV, "--base-url", srv.base_url]
         cmd += ["--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -156,7 +156,7 @@ def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None
 
 
 def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys, monkeypatch) -> None:
-    import looprl.cli_eval
+    import looprl.cli.eval
 
     out = tmp_path / "dead"
     dead = FakeOpenAIServer(script=["x"]).start()
@@ -166,7 +166,7 @@ def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys, monke
     assert main([*args, "--base-url", dead_url]) == 2  # the preflight finds it: nothing written
     assert not out.exists() and dead_url in capsys.readouterr().err
     # a server that dies after the preflight: every episode errors, the run fails
-    monkeypatch.setattr(looprl.cli_eval, "preflight", lambda url, key: None)
+    monkeypatch.setattr(looprl.cli.eval, "preflight", lambda url, key: None)
     assert main([*args, "--base-url", dead_url]) == 1
     monkeypatch.undo()
     first = json.loads((out / "metadata.json").read_text())
@@ -214,12 +214,12 @@ async def test_prompt_without_room_to_generate_is_not_scored(tiny_tokenizer) -> 
 
 
 def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
-    import looprl.run_eval
+    import looprl.eval.run
 
     async def broken(*args, **kwargs):
         raise RuntimeError("bug in the loop")
 
-    monkeypatch.setattr(looprl.run_eval, "evaluate", broken)
+    monkeypatch.setattr(looprl.eval.run, "evaluate", broken)
     out = tmp_path / "crash"
     with pytest.raises(RuntimeError, match="bug in the loop"):
         main(["eval", "calculator", "--model", "tiny", "-n", "1", "-r", "1", "--output", str(out)])

@@ -13,7 +13,7 @@ from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.base import Limits
 from looprl.envs.calculator import load_environment
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import rollout, run_group
+from looprl.rollout.loop import rollout, run_group
 from looprl.types import EpisodeResult
 
 

@@ -12,7 +12,7 @@ import pytest
 from env_helpers import check_token_invariants, run_episode
 
 from looprl.envs.registry import ENTRY_POINT_GROUP, load_environment
-from looprl.scaffold import scaffold
+from looprl.cli.scaffold import scaffold
 
 
 def test_scaffold_writes_a_package(tmp_path):

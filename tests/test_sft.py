@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_trainer_update import small_model
 
-from looprl.sft import SFTExample, masked_logprobs, micro_batches, sft_backward, sft_train
+from looprl.sft.train import SFTExample, masked_logprobs, micro_batches, sft_backward, sft_train
 
 
 def examples(n: int, seed: int = 0) -> list[SFTExample]:
@@ -79,7 +79,7 @@ def test_sft_train_lowers_the_loss_and_refuses_a_bad_budget():
 
 
 def test_default_full_logits_loss_matches_the_micro_batched_one():
-    from looprl.sft import full_logits_loss
+    from looprl.sft.train import full_logits_loss
 
     batch = examples(6, seed=4)
     model = small_model()

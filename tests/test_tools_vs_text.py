@@ -10,7 +10,7 @@ import pytest
 from looprl.envs.calculator import generate_tasks
 from looprl.envs.calculator_text import worked_answer, worked_steps
 from looprl.envs.registry import load_environment
-from looprl.teachers import teacher_episodes
+from looprl.sft.teachers import teacher_episodes
 
 
 def test_text_variant_has_the_calculators_tasks_and_no_tool():

@@ -126,7 +126,7 @@ def test_resume_after_crash_reproduces_metrics(tmp_path, monkeypatch):
 
 def test_kill_9_and_resume_from_cli(tmp_path):
     args = [
-        sys.executable, "-m", "looprl.cli", "train", "--run-dir", str(tmp_path / "run"),
+        sys.executable, "-m", "looprl.cli.main", "train", "--run-dir", str(tmp_path / "run"),
         "--model.name", "tiny", "--env.name", LENGTH_ENV,
         "--rollout.tasks_per_step", "2", "--rollout.rollouts_per_task", "2", "--trainer.steps", "6",
         "--trainer.save_every", "2", "--trainer.eval_every", "0", "--trainer.eval_tasks", "2",
@@ -152,7 +152,7 @@ def test_kill_9_and_resume_from_cli(tmp_path):
 
 
 def test_a_second_run_into_a_used_directory_is_refused_and_changes_nothing(tmp_path, capsys):
-    from looprl.cli import main
+    from looprl.cli.main import main
 
     run = tmp_path / "run"
     run.mkdir()

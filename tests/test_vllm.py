@@ -44,7 +44,7 @@ def server(tmp_path_factory):
     """One vLLM server on the tiny model for the module's runs (they send their own weights)."""
     from looprl.engines.vllm_server import VLLMServer
     from looprl.models.loading import load_model
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.checkpoint.single import export_hf
 
     model_dir = tmp_path_factory.mktemp("tiny-hf")
     export_hf(*load_model("tiny"), model_dir)
@@ -110,7 +110,7 @@ def _server_groups(marker: str) -> set[int]:
 
 
 def test_a_sigkilled_trainer_leaves_no_vllm_process(tmp_path) -> None:
-    cmd = [sys.executable, "-m", "looprl.cli", "train", "--model.name", "tiny"]
+    cmd = [sys.executable, "-m", "looprl.cli.main", "train", "--model.name", "tiny"]
     cmd += ["--env.name", LENGTH_ENV, "--engine.kind", "vllm", "--trainer.steps", "50"]
     cmd += ["--rollout.tasks_per_step", "2", "--rollout.rollouts_per_task", "2"]
     cmd += ["--run.output_dir", str(tmp_path), "--run.name", "killed", "--run.tensorboard", "false"]
@@ -146,7 +146,7 @@ def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
 
 
 def test_eval_with_the_vllm_engine(tmp_path) -> None:
-    from looprl.cli import main
+    from looprl.cli.main import main
 
     out = tmp_path / "ev"
     args = ["eval", "calculator", "--model", "tiny", "--engine.kind", "vllm", "-n", "2", "-r", "2"]
@@ -167,7 +167,7 @@ def test_a_model_vllm_cannot_load_names_the_cause(tmp_path) -> None:
 
 
 def test_a_bad_engine_option_is_one_line(capsys) -> None:
-    from looprl.cli import main
+    from looprl.cli.main import main
 
     assert main(["eval", "calculator", "--engine.kind", "sglang"]) == 2
     err = capsys.readouterr().err
@@ -199,7 +199,7 @@ def test_two_servers_share_groups_fail_over_then_restart(tmp_path) -> None:
     both with the current weights."""
     from looprl.engines.vllm_engine import VLLMEngine
     from looprl.models.loading import load_model
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.trainer.checkpoint.single import export_hf
 
     model, tokenizer = load_model("tiny")
     export_hf(model, tokenizer, tmp_path / "m")

@@ -182,7 +182,7 @@ def test_looprl_train_with_run_wandb_logs_quietly_and_exits(tmp_path, offline):
     """A real 2-step run: every metrics row reaches W&B, nothing of W&B reaches the console."""
     run_dir = tmp_path / "run"
     args = [
-        sys.executable, "-m", "looprl.cli", "train", "--run-dir", str(run_dir),
+        sys.executable, "-m", "looprl.cli.main", "train", "--run-dir", str(run_dir),
         "--model.name", "tiny", "--env.name", LENGTH_ENV, "--rollout.tasks_per_step", "2",
         "--rollout.rollouts_per_task", "2", "--trainer.steps", "2", "--trainer.eval_every", "0",
         "--trainer.eval_tasks", "2", "--trainer.save_every", "2", "--run.tensorboard", "false",

@@ -19,17 +19,17 @@ PUBLIC_MODULES = (
     "looprl.types",
     "looprl.envs",
     "looprl.envs.base",
-    "looprl.envs.kit",
+    "looprl.kit",
     "looprl.rubrics",
     "looprl.tools",
     "looprl.tools.executor",
     "looprl.tools.schema",
     "looprl.rendering",
-    "looprl.rollout",
-    "looprl.evaluation",
+    "looprl.rollout.loop",
+    "looprl.eval.summary",
     "looprl.engines.base",
     "looprl.engines.scripted",
-    "looprl.teachers",
+    "looprl.sft.teachers",
 )
 """The modules of the reference, in the order of its index."""
 DEFAULT_OUT = Path(__file__).resolve().parent / "html"

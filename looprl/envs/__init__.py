@@ -1,7 +1,7 @@
 """Environments: tasks, tools, rubric and limits; engine- and trainer-agnostic."""
 
 from looprl.envs.base import Environment, Limits, MultiTurnEnv, SingleTurnEnv, StepOutcome, ToolEnv
-from looprl.envs.kit import (
+from looprl.kit import (
     answer_text,
     final_answer_text,
     final_raw,

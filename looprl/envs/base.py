@@ -1,6 +1,6 @@
 """Environments: tasks + rubric + limits, in three ready kinds (single-turn, multi-turn, tools).
 
-An environment never sees an engine or a trainer: the rollout (`looprl.rollout`) drives it.
+An environment never sees an engine or a trainer: the rollout (`looprl.rollout.loop`) drives it.
 The hooks, all async, are:
 
 - `setup_state(task)`: per-episode state; values here reach hidden tool arguments;

@@ -18,7 +18,7 @@ from typing import Any
 from looprl.datasets import train_eval_tasks
 from looprl.envs.arithmetic import calculate, safe_eval
 from looprl.envs.base import Limits, TaskSource, ToolEnv
-from looprl.envs.kit import final_answer_text, split_of, tool_call_validity, used_tool
+from looprl.kit import final_answer_text, split_of, tool_call_validity, used_tool
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.envs.kit import final_answer_text, final_raw, split_of
+from looprl.kit import final_answer_text, final_raw, split_of
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

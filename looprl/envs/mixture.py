@@ -210,7 +210,7 @@ def _allocate(n: int, weights: list[float]) -> list[int]:
 def per_env_summary(episodes: list[EpisodeResult]) -> dict[str, dict[str, Any]]:
     """Per `task.env`: episode and error counts, mean reward and mean of each reward function.
 
-    Means use only episodes without errors (as `looprl.evaluation.summarize` does); `reward` is
+    Means use only episodes without errors (as `looprl.eval.summary.summarize` does); `reward` is
     absent when no episode of that environment could be scored.
     """
     by_env: dict[str, list[EpisodeResult]] = {}

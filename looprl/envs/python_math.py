@@ -21,7 +21,7 @@ from typing import Any
 
 from looprl.datasets import train_eval_tasks
 from looprl.envs.base import Limits, TaskSource, ToolEnv
-from looprl.envs.kit import final_answer_text, shown_outcomes, split_of
+from looprl.kit import final_answer_text, shown_outcomes, split_of
 from looprl.rubrics import Rubric
 from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
 from looprl.types import EpisodeResult, Message, Task

@@ -20,8 +20,8 @@ import re
 from typing import Any
 
 from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.envs.kit import final_answer_text
-from looprl.envs.kit import split_of as hash_split
+from looprl.kit import final_answer_text
+from looprl.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

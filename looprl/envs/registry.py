@@ -69,12 +69,12 @@ def _import_target(name: str) -> Any:
 def load_environment(name: str, **kwargs: Any) -> Environment:
     """Build an environment: `load_environment(**kwargs)` of the named module or package.
 
-    `judge` is taken here, not passed on: a table naming an LLM judge (`looprl.judge_config`)
+    `judge` is taken here, not passed on: a table naming an LLM judge (`looprl.judge.config`)
     that is added to the environment's rubric with its weight.
     """
     judge = kwargs.pop("judge", None)
     if judge is not None:
-        from looprl.judge_config import judge_config
+        from looprl.judge.config import judge_config
 
         judge = judge_config(judge)  # a bad judge fails before the environment is built
     target = _import_target(name)
@@ -96,7 +96,7 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
             f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment"
         )
     if judge is not None:
-        from looprl.judge_config import attach_judge
+        from looprl.judge.config import attach_judge
 
         attach_judge(env, judge)
     return env

@@ -30,7 +30,7 @@ import bm25s
 
 from looprl.envs.base import Limits, ToolEnv
 from looprl.envs.corpus import Document, Question, generate_world, split_of
-from looprl.envs.kit import final_answer_text, tool_calls
+from looprl.kit import final_answer_text, tool_calls
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

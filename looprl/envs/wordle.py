@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Limits, MultiTurnEnv
-from looprl.envs.kit import answer_text
-from looprl.envs.kit import split_of as hash_split
+from looprl.kit import answer_text
+from looprl.kit import split_of as hash_split
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
 

@@ -43,8 +43,8 @@ def register(sub: Any) -> None:
 
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     """Load the environment, probe it, print the table; the exit code `--strict` asks for."""
-    from looprl.cli_eval import load_env, parse_overrides
-    from looprl.cli_fields import UsageError
+    from looprl.cli.eval import load_env, parse_overrides
+    from looprl.cli.fields import UsageError
 
     env_kwargs = parse_overrides(extra, "env")["env"]
     if args.tasks < 1:

@@ -1,6 +1,6 @@
 """Run the probe: every policy on every task, through the real rollout, and the verdict per exploit.
 
-Each (policy, task) pair becomes one episode of an ordinary evaluation (`looprl.run_eval`), so
+Each (policy, task) pair becomes one episode of an ordinary evaluation (`looprl.eval.run`), so
 tools run, state is kept, limits cut, the environment's own rubric scores, and the episodes are
 written to `results.jsonl` exactly as `looprl eval` writes them, each naming its policy in
 `task.info["exploit"]`. The engine is a `ScriptedEngine` over the tiny model's tokenizer: every
@@ -28,8 +28,8 @@ from looprl.probe.exploits import GENERIC
 from looprl.probe.policy import Exploit, ProbeProfile, Turn
 from looprl.probe.profiles import HonestFailure, profile_for, reference_for
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import RolloutConfig
-from looprl.run_eval import EvalJob, run_eval
+from looprl.rollout.loop import RolloutConfig
+from looprl.eval.run import EvalJob, run_eval
 from looprl.types import EpisodeResult, SamplingParams, Task
 
 Verdict = Literal["exploitable", "resisted", "errored"]

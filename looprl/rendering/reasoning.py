@@ -9,7 +9,7 @@ Rules, decided here once:
   rest reasoning, and the answer is empty;
 - the reasoning is kept without its markers and without the newlines that pad it (Qwen3's
   template writes `<think>\\n...\\n</think>\\n\\n`); the answer is the text after the block;
-- a `<think>` block later in the turn stays in the answer text, where `looprl.envs.kit.answer_text`
+- a `<think>` block later in the turn stays in the answer text, where `looprl.kit.answer_text`
   still hides it from rubrics.
 
 The markers are `<think>` / `</think>` unless the chat template declares others (Magistral's

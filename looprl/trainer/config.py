@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
-from looprl.trainer.monitors_config import MonitorsSection
+from looprl.trainer.monitors.config import MonitorsSection
 
 
 class _Section(BaseModel):

@@ -20,7 +20,7 @@ the identity when `dist` is None):
    `wait_for_main`, on a group of its own with `trainer.main_phase_timeout_s` (an evaluation
    may take longer than one collective should).
 
-Checkpoints under torchrun are sharded (`looprl.trainer.checkpoint_sharded`); bf16 compute is
+Checkpoints under torchrun are sharded (`looprl.trainer.checkpoint.sharded`); bf16 compute is
 FSDP's mixed-precision policy (`looprl.trainer.precision`).
 """
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-from looprl.evaluation import Summary
+from looprl.eval.summary import Summary
 
 METRICS: dict[str, str] = {
-    # the batch's episodes (looprl.evaluation.summarize)
+    # the batch's episodes (looprl.eval.summary.summarize)
     "reward/mean": "mean reward of the step's scored episodes",
     "reward/std": "standard deviation of those rewards",
     "reward/<fn>": "mean of one reward function or zero-weight metric",
@@ -78,7 +78,7 @@ METRICS: dict[str, str] = {
     "eval/<env>/reward": "mean reward of one environment of a mixture on them",
     "eval/turns": "assistant turns per held-out episode",
     "eval/gen_tokens": "generated tokens per held-out episode",
-    # reward-hacking monitors (looprl.trainer.monitors; 1.0 at a step where one tripped)
+    # reward-hacking monitors (looprl.trainer.monitors.core; 1.0 at a step where one tripped)
     "monitor/reward_vs_heldout": "1 at an evaluation where training reward rose while monitors.heldout_metric fell",
     "monitor/length_blowup": "1 when tokens or turns per episode jumped above monitors.length_ratio x their baseline",
     "monitor/tool_call_spike": "1 when tool calls per episode jumped above monitors.tool_call_ratio x their baseline",

@@ -15,18 +15,18 @@ from typing import Any
 from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
 from looprl.engines.base import AdapterEngine, TrainableEngine
-from looprl.evaluation import error_headline, summarize
+from looprl.eval.summary import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import set_chat_template
-from looprl.rollout import RolloutConfig, run_groups
-from looprl.run_eval import EvalJob, run_eval
+from looprl.rollout.loop import RolloutConfig, run_groups
+from looprl.eval.run import EvalJob, run_eval
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics
-from looprl.trainer.monitors import Monitors
+from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
@@ -63,7 +63,7 @@ class Trainer:
             if refused:
                 raise ConfigError("not yet supported with several processes: " + "; ".join(refused))
         if resume:  # under the number of processes that wrote the checkpoint, or one clear line
-            from looprl.trainer.checkpoint_sharded import check_resume_world
+            from looprl.trainer.checkpoint.sharded import check_resume_world
 
             check_resume_world(self.run_dir, D.torchrun_world_size())
         self.resume = resume
@@ -188,8 +188,8 @@ class Trainer:
     def _restore(self) -> None:
         from rich.markup import escape
 
-        from looprl.trainer.checkpoint import NoIntactCheckpoint
-        from looprl.trainer.checkpoint_sharded import resume_any
+        from looprl.trainer.checkpoint.single import NoIntactCheckpoint
+        from looprl.trainer.checkpoint.sharded import resume_any
 
         try:  # the newest intact checkpoint; damaged newer ones are named and set aside
             resumed = resume_any(  # under torchrun: every rank its shards (sharded checkpoint)
@@ -414,8 +414,8 @@ class Trainer:
             self.wandb.log_rollouts(step, episodes)
 
     def _checkpoint(self) -> None:
-        from looprl.trainer.checkpoint import save_checkpoint
-        from looprl.trainer.checkpoint_sharded import save_sharded
+        from looprl.trainer.checkpoint.single import save_checkpoint
+        from looprl.trainer.checkpoint.sharded import save_sharded
 
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
@@ -451,7 +451,7 @@ class Trainer:
                 self.wandb.log_plot(self.step, path)
 
     def _export(self) -> None:
-        from looprl.trainer.checkpoint import export_hf
+        from looprl.trainer.checkpoint.single import export_hf
 
         if self.dist is not None and self.cfg.engine.kind != "torch":  # the copy lags the servers
             self.engine_model.load_state_dict(D.full_weights(self.model))

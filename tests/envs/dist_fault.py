@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from looprl.cli import main
+from looprl.cli.main import main
 from looprl.trainer.trainer import Trainer
 
 MODE = sys.argv.pop(1)

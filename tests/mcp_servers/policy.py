@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from looprl.teachers import calculator
+from looprl.sft.teachers import calculator
 from looprl.types import Message
 
 

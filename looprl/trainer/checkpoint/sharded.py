@@ -11,7 +11,7 @@ own shards through DCP. Layout of one checkpoint, `run_dir/checkpoints/step_0001
 - `COMPLETE`, the manifest, written last by rank 0: `weights: "sharded"`, `world: N`, and each
   file's size and sha256, as for single-process checkpoints
 
-The write is atomic as in `looprl.trainer.checkpoint`: every rank writes into rank 0's
+The write is atomic as in `looprl.trainer.checkpoint.single`: every rank writes into rank 0's
 `step_000120.tmp-<pid>/` (so with several nodes the run directory must be on a shared file
 system), rank 0 seals the files and writes the manifest once every rank is done, then renames
 the directory into place. Resuming verifies the newest checkpoint's manifest and hashes on rank
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from looprl.trainer import distributed as D
-from looprl.trainer.checkpoint import (
+from looprl.trainer.checkpoint.single import (
     Resumed,
     _prune,
     _rng_state,
@@ -42,7 +42,7 @@ from looprl.trainer.checkpoint import (
     resume_latest,
     set_aside_damaged,
 )
-from looprl.trainer.checkpoint_files import (
+from looprl.trainer.checkpoint.files import (
     COMPLETE,
     STATE_FILE,
     checkpoint_dir,
@@ -52,7 +52,7 @@ from looprl.trainer.checkpoint_files import (
     step_dirs,
     swap_into_place,
 )
-from looprl.trainer.checkpoint_verify import (
+from looprl.trainer.checkpoint.verify import (
     MANIFEST_FORMAT,
     CheckpointDamaged,
     NoIntactCheckpoint,

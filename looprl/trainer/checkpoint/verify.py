@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from looprl.trainer.checkpoint_files import (
+from looprl.trainer.checkpoint.files import (
     ADAPTER_FILE,
     COMPLETE,
     MODEL_FILE,

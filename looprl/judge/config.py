@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from looprl.judge import JudgeRubric
+from looprl.judge.rubric import JudgeRubric
 from looprl.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class JudgeConfig(BaseModel):
     base_url: str | None = Field(None, description="openai: the server's /v1 URL")
     template: str | None = Field(
         None, description="judge prompt with {question} {reference} {candidate} {fence}; "
-        "default: looprl.judge.HARDENED_TEMPLATE (PLAIN_TEMPLATE when not hardened)",
+        "default: looprl.judge.rubric.HARDENED_TEMPLATE (PLAIN_TEMPLATE when not hardened)",
     )  # fmt: skip
     hardened: bool = Field(True, description="quote, fence and neutralise the candidate")
     weight: float = Field(1.0, description="weight in the rubric (0: a logged metric only)")

@@ -19,7 +19,7 @@ from looprl.envs.base import Environment, Limits, StepOutcome
 from looprl.rendering.parser import ParsedTurn
 from looprl.rendering.reasoning import split_reasoning
 from looprl.rendering.renderer import Renderer
-from looprl.transcript import MessageTranscript, TokenTranscript, Transcript
+from looprl.rollout.transcript import MessageTranscript, TokenTranscript, Transcript
 from looprl.types import EpisodeResult, Message, SamplingParams, StopReason, Task
 
 

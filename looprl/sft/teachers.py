@@ -3,7 +3,7 @@
 A policy is a plain function `fn(messages: list[Message]) -> str`: given the conversation so
 far (system prompt, task, its own earlier turns, tool and environment replies), it returns the
 next assistant text. The ones here read only the messages, so any of them can stand in for a
-model: `looprl eval ENV --policy looprl.teachers:NAME` evaluates one, and in Python
+model: `looprl eval ENV --policy looprl.sft.teachers:NAME` evaluates one, and in Python
 `ScriptedEngine(lambda request: policy(request.messages))` drives the real rollout with it.
 
 | policy | environment | how it plays |
@@ -20,8 +20,8 @@ The command line plays a teacher through the real rollout (every tool result in 
 the tool returned), scores each episode with the environment's own rubric and keeps those above
 `--min-reward`, as JSONL rows for `looprl sft --data` (`{"messages", "tools"}` per line):
 
-    python -m looprl.teachers search_qa --n 160 --out runs/warm/search_qa.jsonl
-    python -m looprl.teachers reasoning_gym --env.dataset basic_arithmetic --n 160 --out F
+    python -m looprl.sft.teachers search_qa --n 160 --out runs/warm/search_qa.jsonl
+    python -m looprl.sft.teachers reasoning_gym --env.dataset basic_arithmetic --n 160 --out F
 
 For trace writing, search_qa and reasoning_gym use teachers that read the task's reference
 (`search_qa_gold_teacher`: the gold pages by title, for any corpus; `answer_teacher`: the
@@ -44,7 +44,7 @@ from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.arithmetic import safe_eval
 from looprl.envs.base import Environment
 from looprl.envs.registry import load_environment
-from looprl.rollout import run_group
+from looprl.rollout.loop import run_group
 from looprl.types import EpisodeResult, Message, Task
 
 Policy = Callable[[list[Message]], str]
@@ -53,7 +53,7 @@ TaskTeacher = Callable[[Task], Policy]
 """The policy that plays one task (a teacher may read the task's reference answer)."""
 
 POLICIES = ("calculator", "search_qa", "wordle", "python_math", "basic_arithmetic")
-"""Names of the policy functions in this module (`looprl.teachers:NAME`)."""
+"""Names of the policy functions in this module (`looprl.sft.teachers:NAME`)."""
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -351,7 +351,7 @@ def _env_kwargs(extra: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Write teacher traces of an environment's training split (exit 1 when none is kept)."""
     parser = argparse.ArgumentParser(
-        prog="python -m looprl.teachers", description="Write SFT warm-start traces."
+        prog="python -m looprl.sft.teachers", description="Write SFT warm-start traces."
     )
     parser.add_argument("env", help="calculator, search_qa, wordle, python_math or reasoning_gym")
     parser.add_argument("--n", type=int, default=160, help="training tasks to play")

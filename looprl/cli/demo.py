@@ -21,8 +21,8 @@ from rich.table import Table
 
 from looprl.console import console
 from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
-from looprl.evaluation import Summary
-from looprl.run_eval import EvalConfig, EvalJob, EvalOutcome, eval_job, run_eval
+from looprl.eval.summary import Summary
+from looprl.eval.run import EvalConfig, EvalJob, EvalOutcome, eval_job, run_eval
 from looprl.types import Message, ToolCall
 
 
@@ -156,8 +156,8 @@ def _sft_phase(args: argparse.Namespace, out: Path) -> Path:
     """
     from looprl.models.loading import load_model
     from looprl.rendering.renderer import Renderer
-    from looprl.sft import examples_from_rows, sft_train
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.sft.train import examples_from_rows, sft_train
+    from looprl.trainer.checkpoint.single import export_hf
     from looprl.trainer.logger import format_duration
     from looprl.trainer.setup import seed_everything
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from looprl.cli_fields import (
+from looprl.cli.fields import (
     UsageError,
     add_model_flags,
     config_from_args,
@@ -27,7 +27,7 @@ from looprl.cli_fields import (
     usage_error,
 )
 from looprl.envs.base import Environment
-from looprl.run_eval import EvalConfig
+from looprl.eval.run import EvalConfig
 
 SHORT = {"num_tasks": "-n", "rollouts": "-r", "model": "-m", "base_url": "-b"}
 
@@ -40,7 +40,7 @@ environment and engine options:
 examples:
   looprl eval calculator -m tiny -n 20 -r 4
   looprl eval calculator -b http://localhost:8000/v1 -m MODEL --api-key-var OPENAI_API_KEY
-  looprl eval calculator --policy looprl.teachers:calculator --save-sft runs/warm/calc.jsonl
+  looprl eval calculator --policy looprl.sft.teachers:calculator --save-sft runs/warm/calc.jsonl
 """
 
 
@@ -81,7 +81,7 @@ def parse_overrides(items: list[str], *prefixes: str) -> dict[str, dict[str, Any
 
 def run_eval_command(args: argparse.Namespace, dotted: list[str]) -> int:
     """`looprl eval`: check everything, run, print the summary; 1 if the evaluation failed."""
-    from looprl.run_eval import evaluate_and_report, first_error
+    from looprl.eval.run import evaluate_and_report, first_error
 
     overrides = parse_overrides(dotted, "env", "engine")
     values = {k: v for k, v in vars(args).items() if k in EvalConfig.model_fields}
@@ -104,7 +104,7 @@ def run_eval_command(args: argparse.Namespace, dotted: list[str]) -> int:
 
 def check_eval(cfg: EvalConfig) -> Environment:
     """Every check that needs no evaluation (see the module doc); the loaded environment."""
-    from looprl.run_eval import load_policy
+    from looprl.eval.run import load_policy
 
     if cfg.api_key_var and cfg.api_key_var not in os.environ:
         raise UsageError(

@@ -1,6 +1,6 @@
 """Replay a finished run through the monitors: what would have tripped, and how noisy each series is.
 
-    python -m looprl.trainer.monitors_replay RUN_DIR [--monitors.FIELD VALUE ...]
+    python -m looprl.trainer.monitors.replay RUN_DIR [--monitors.FIELD VALUE ...]
 
 Reads `RUN_DIR/metrics.jsonl` and the episodes the run saved (`rollouts/step_*.jsonl`, at most
 `trainer.save_rollouts` per step, so the episode-based monitors see a sample), rebuilds the
@@ -20,8 +20,8 @@ from typing import Any
 
 from looprl.trainer.config import load_config, parse_cli_overrides
 from looprl.trainer.logger import METRICS_FILE, ROLLOUTS_DIR, read_metrics
-from looprl.trainer.monitors import MONITORS, Monitors
-from looprl.trainer.monitors_config import MonitorsSection
+from looprl.trainer.monitors.core import MONITORS, Monitors
+from looprl.trainer.monitors.config import MonitorsSection
 from looprl.types import EpisodeResult
 
 SPIKE_SERIES = ("reply_tokens", "turns", "tool_calls", "kl", "mismatch_kl", "logprob_gap")

@@ -3,8 +3,8 @@
 A run's checkpoints live in `run_dir/checkpoints/step_XXXXXX/`; writers build them in scratch
 directories (`step_XXXXXX.tmp-<pid>`, `.NAME.tmp-<pid>`, `.NAME.old-<pid>`) that
 `clean_stale_tmp` removes once their process is gone. What a checkpoint holds and how it is
-written is described in `looprl.trainer.checkpoint`; how it is verified, in
-`looprl.trainer.checkpoint_verify`.
+written is described in `looprl.trainer.checkpoint.single`; how it is verified, in
+`looprl.trainer.checkpoint.verify`.
 """
 
 from __future__ import annotations

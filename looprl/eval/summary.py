@@ -16,7 +16,7 @@ from looprl.engines.base import Engine
 from looprl.envs.base import Environment
 from looprl.files import write_text_atomically
 from looprl.rendering.renderer import Renderer
-from looprl.rollout import RolloutConfig, run_groups
+from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.types import EpisodeResult, Summary, Task
 
 

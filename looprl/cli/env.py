@@ -71,8 +71,8 @@ def _init_parser(sub: Any) -> None:
 
 def run_init_command(args: argparse.Namespace, dotted: list[str]) -> int:
     """`looprl init NAME`: write the package; a bad name or an existing one is a UsageError."""
-    from looprl.cli_fields import usage_error
-    from looprl.scaffold import scaffold
+    from looprl.cli.fields import usage_error
+    from looprl.cli.scaffold import scaffold
 
     try:
         path = scaffold(args.name, Path(args.dest))

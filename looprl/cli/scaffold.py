@@ -112,7 +112,7 @@ import json
 
 import $module
 from looprl.engines.scripted import ScriptedEngine
-from looprl.rollout import rollout
+from looprl.rollout.loop import rollout
 
 
 def test_splits_never_overlap():

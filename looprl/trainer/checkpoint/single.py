@@ -23,9 +23,9 @@ and parses every file it will use before it changes the model, so a damaged chec
 the damaged newer ones aside (`step_000120.damaged`), never deleting them.
 
 This module saves, loads, resumes and exports. The directory layout and crash-safe renames live
-in `looprl.trainer.checkpoint_files`, the manifest and its verification in
-`looprl.trainer.checkpoint_verify`; their public names are re-exported here. Under torchrun
-with several processes checkpoints are sharded instead (`looprl.trainer.checkpoint_sharded`):
+in `looprl.trainer.checkpoint.files`, the manifest and its verification in
+`looprl.trainer.checkpoint.verify`; their public names are re-exported here. Under torchrun
+with several processes checkpoints are sharded instead (`looprl.trainer.checkpoint.sharded`):
 the same directory, temp-dir-and-rename and manifest, with `torch.distributed.checkpoint` files.
 """
 
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from looprl.trainer.checkpoint_files import (
+from looprl.trainer.checkpoint.files import (
     ADAPTER_FILE,
     CHECKPOINTS,
     COMPLETE,
@@ -63,7 +63,7 @@ from looprl.trainer.checkpoint_files import (
     step_dirs,
     swap_into_place,
 )
-from looprl.trainer.checkpoint_verify import (
+from looprl.trainer.checkpoint.verify import (
     HASH,
     HASHES,
     MANIFEST_FORMAT,

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.engines.base import Engine, GenerationRequest
-from looprl.envs.kit import final_reply
+from looprl.kit import final_reply
 from looprl.types import EpisodeResult, Message, SamplingParams
 
 HARDENED_TEMPLATE = """\

@@ -24,7 +24,7 @@ from looprl.console import console
 from looprl.engines.base import Engine
 from looprl.engines.config import EngineSection
 from looprl.envs.base import Environment
-from looprl.evaluation import (
+from looprl.eval.summary import (
     Summary,
     error_headline,
     evaluate,
@@ -35,7 +35,7 @@ from looprl.evaluation import (
 from looprl.rendering.formats import ParserName
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import check_template_choice, set_chat_template
-from looprl.rollout import RolloutConfig
+from looprl.rollout.loop import RolloutConfig
 from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
 Status = Literal["finished", "finished_with_errors", "failed"]
@@ -165,7 +165,7 @@ class EvalConfig(BaseModel):
     policy: str | None = Field(
         None,
         description="MODULE:FN, a scripted policy instead of a model: FN(messages) returns the "
-        "next assistant text (e.g. looprl.teachers:calculator)",
+        "next assistant text (e.g. looprl.sft.teachers:calculator)",
     )
     save_sft: Path | None = Field(
         None,
@@ -245,7 +245,7 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
 
 
 Policy = Callable[[list[Message]], str]
-"""A scripted policy: the conversation so far -> the next assistant text (see looprl.teachers)."""
+"""A scripted policy: the conversation so far -> the next assistant text (see looprl.sft.teachers)."""
 
 
 def load_policy(spec: str) -> Policy:
@@ -336,7 +336,7 @@ def save_sft_traces(
 ) -> int:
     """Write the episodes that reached `threshold` as `looprl sft` rows (atomically); how many."""
     from looprl.files import write_text_atomically
-    from looprl.sft import traces_from_episodes
+    from looprl.sft.train import traces_from_episodes
 
     rows = traces_from_episodes(env, episodes, threshold)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from looprl.cli_fields import (
+from looprl.cli.fields import (
     UsageError,
     add_model_flags,
     config_from_args,
@@ -101,7 +101,7 @@ def _train_parser(sub: Any) -> None:
 
 
 def torchrun_command(argv: list[str], nproc: int) -> list[str]:
-    """`python -m torch.distributed.run --nproc-per-node N -m looprl.cli ARGV` (ARGV without --nproc)."""
+    """`python -m torch.distributed.run --nproc-per-node N -m looprl.cli.main ARGV` (ARGV without --nproc)."""
     rest, i = [], 0
     while i < len(argv):
         if argv[i] == "--nproc":
@@ -111,7 +111,7 @@ def torchrun_command(argv: list[str], nproc: int) -> list[str]:
             rest.append(argv[i])
         i += 1
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "-m", "looprl.cli", *rest]  # fmt: skip
+            "-m", "looprl.cli.main", *rest]  # fmt: skip
 
 
 def train_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Path | None]:
@@ -131,7 +131,7 @@ def train_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Path 
 
 def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
     """`looprl train`: load and validate the config and the model name, then train."""
-    from looprl.cli_eval import check_model
+    from looprl.cli.eval import check_model
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
@@ -141,7 +141,7 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
         import subprocess
 
         if args.resume and run_dir is not None:  # a checkpoint of another N: one line, no launch
-            from looprl.trainer.checkpoint_sharded import check_resume_world
+            from looprl.trainer.checkpoint.sharded import check_resume_world
 
             check_resume_world(run_dir, args.nproc)
         return subprocess.call(torchrun_command(args.argv, args.nproc))
@@ -165,11 +165,11 @@ def _sft_parser(sub: Any) -> None:
 
 def run_sft_command(args: argparse.Namespace, dotted: list[str]) -> int:
     """`looprl sft`: check the flags, data and model name, encode, train, export."""
-    from looprl.cli_eval import check_model
+    from looprl.cli.eval import check_model
 
     values = {k: v for k, v in vars(args).items() if k in SFTConfig.model_fields}
     cfg: SFTConfig = config_from_args(SFTConfig, values)
-    from looprl.sft import read_conversations
+    from looprl.sft.train import read_conversations
 
     try:
         rows = read_conversations(cfg.data)
@@ -183,8 +183,8 @@ def run_sft_command(args: argparse.Namespace, dotted: list[str]) -> int:
 def _sft(cfg: SFTConfig, rows: list[dict[str, Any]]) -> None:
     from looprl.models.loading import load_model
     from looprl.rendering.renderer import Renderer
-    from looprl.sft import examples_from_rows, sft_train
-    from looprl.trainer.checkpoint import export_hf
+    from looprl.sft.train import examples_from_rows, sft_train
+    from looprl.trainer.checkpoint.single import export_hf
     from looprl.trainer.setup import seed_everything
 
     seed_everything(cfg.seed)

@@ -16,8 +16,8 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from looprl.cli_eval import parse_overrides
-from looprl.cli_fields import UsageError, did_you_mean, usage_error
+from looprl.cli.eval import parse_overrides
+from looprl.cli.fields import UsageError, did_you_mean, usage_error
 
 __all__ = ["main", "parse_overrides", "split_dotted"]
 
@@ -45,7 +45,7 @@ def _version() -> str:
 
 def build_parser() -> tuple[Parser, dict[str, Parser]]:
     """The `looprl` parser and each command's own parser, by name."""
-    from looprl import cli_env, cli_eval, cli_train
+    from looprl.cli import env as cli_env, eval as cli_eval, train as cli_train
     from looprl.probe import command as probe_command
 
     parser = Parser(prog="looprl", description="Train and evaluate agentic reasoners.")

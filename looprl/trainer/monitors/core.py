@@ -9,7 +9,7 @@ the numbers, the step, and what to look at. Thresholds live in `MonitorsSection`
 docs/reward_hacking.md says how each default was measured.
 
 The episode-based monitors (format-only reward, repeated n-grams, reward disagreement) live in
-`looprl.trainer.monitors_episodes`.
+`looprl.trainer.monitors.episodes`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looprl.trainer.monitors_config import MonitorsSection
-from looprl.trainer.monitors_episodes import (
+from looprl.trainer.monitors.config import MonitorsSection
+from looprl.trainer.monitors.episodes import (
     EpisodeView,
     FormatOnlyReward,
     Monitor,

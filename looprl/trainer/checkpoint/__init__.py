@@ -1,0 +1,1 @@
+"""Checkpoints: atomic single-process and sharded (FSDP) saves, verification, resume, export."""
