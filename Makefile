@@ -6,7 +6,13 @@ STAMP := $(VENV)/.installed
 # the package asks for torch>=2.6; the set-up installs this build first (the CPU wheel here)
 TORCH ?= torch==2.13.0
 
-.PHONY: setup demo test lint clean vllm chromium
+# bash for the recipes: `time` prints each test tier's wall time (TIMEFORMAT below)
+SHELL := /bin/bash
+# the tests `make test-slow` runs: tier 3 (tiny-model end to end) and those needing vLLM or Chromium;
+# `make test-fast` runs the others, tier 1 (math) and tier 2 (scripted-engine rollouts)
+SLOW := slow or vllm or browser
+
+.PHONY: setup demo test test-fast test-slow lint clean vllm chromium
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -31,8 +37,16 @@ vllm: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium; browser tests will be skipped")
 
-test: $(STAMP) vllm chromium
-	$(BIN)/python -m pytest
+# tiers 1-2, about 3 minutes on 2 cores: no vLLM venv, no Chromium
+test-fast: $(STAMP)
+	TIMEFORMAT='tier fast: %0R s'; time $(BIN)/python -m pytest -m "not ($(SLOW))"
+
+# tier 3 and the vLLM and browser tests; builds vLLM's venv and installs Chromium first
+test-slow: $(STAMP) vllm chromium
+	TIMEFORMAT='tier slow: %0R s'; time $(BIN)/python -m pytest -m "$(SLOW)"
+
+# the whole suite, each test once
+test: test-fast test-slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check looprl tests benchmarks

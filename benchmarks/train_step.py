@@ -53,7 +53,7 @@ def run(
     trainer = Trainer(cfg)
     trainer.run()
     rows = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, model_flops_per_token(trainer.engine_model)
+    return rows, model_flops_per_token(trainer.engine.model)  # the TorchEngine's: LoRA merged
 
 
 def run_processes(

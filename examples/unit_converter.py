@@ -10,15 +10,26 @@ a status beside a tool's text (`ToolReply`), a rubric that reuses the evaluation
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from typing import Annotated, Any
 
-from looprl.envs import Limits, ToolEnv, final_reply, shown_outcomes, split_of, tool_calls
-from looprl.rubrics import Rubric
-from looprl.tools import ToolError, ToolReply
-from looprl.tools.schema import Hidden
-from looprl.types import EpisodeResult, Message, Task
+from looprl import (
+    EpisodeResult,
+    Hidden,
+    Limits,
+    Message,
+    Rubric,
+    Task,
+    ToolEnv,
+    ToolError,
+    ToolReply,
+    final_reply,
+    shown_outcomes,
+    split_of,
+    tool_calls,
+)
 
 # unit -> (dimension, size in the dimension's base unit: metres or grams)
 UNITS = {
@@ -136,10 +147,13 @@ def load_environment(max_turns: int = 5, **kwargs: Any) -> UnitEnv:
 _QUESTION = re.compile(r"Convert (\S+) (\S+) to (\S+)\.")
 
 
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as a model writes it: the `<tool_call>` JSON block the default parser reads."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
 def policy(messages: list[Message]) -> str:
     """A scripted policy: look up both units (two calls in one turn), convert, copy the result."""
-    from looprl.sft.teachers import tool_call
-
     found = _QUESTION.search(next(m.content for m in messages if m.role == "user"))
     if found is None:
         return "I cannot read this question."

@@ -33,6 +33,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, get_args
 
+from looprl.files import iter_jsonl
 from looprl.kit import split_of
 from looprl.types import Message, Role, Task
 
@@ -213,17 +214,11 @@ def _numbered(
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(
-                    f"{path}: line {i} is not JSON ({exc.msg}); fix or remove it"
-                ) from None
+    try:
+        for i, row in iter_jsonl(path, fix="each line must be one task, an object of columns"):
             yield i, f"{path}: line {i}", row
+    except ValueError as exc:  # iter_jsonl's, naming the line: the dataset error type
+        raise DatasetError(str(exc)) from None
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, str, Mapping[str, Any]]]:

@@ -19,8 +19,7 @@ import hashlib
 import re
 from typing import Literal
 
-from looprl.mcp import MCP_ERROR
-from looprl.tools.executor import ERROR_KINDS
+from looprl.tools.executor import ERROR_KINDS, MCP_ERROR
 from looprl.types import EpisodeResult, Message, ToolCall, ToolOutcome
 
 EVAL_BUCKETS = 5  # one hash bucket in five is held out for evaluation

@@ -1,4 +1,10 @@
-"""Shared fixtures: offline mode, the tiny model (built once per session), a scripted engine, viewer servers."""
+"""Shared fixtures: offline mode, the tiny model (loaded once per session), viewer servers.
+
+Tests marked `vllm` or `browser` are skipped, with the make target to run, where the vLLM venv
+or Chromium is missing.
+
+Helpers that are plain functions (models, configs, scripted episodes) live in `helpers.py`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,25 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip the `vllm` and `browser` tests where what they need is absent, saying how to get it."""
+    from helpers import CHROMIUM
+
+    from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
+
+    missing: dict[str, str] = {}
+    try:
+        vllm_python(install=False)
+    except VLLMSetupError as e:
+        missing["vllm"] = str(e)
+    if not CHROMIUM.exists():
+        missing["browser"] = f"no Chromium at {CHROMIUM}: run `make chromium`"
+    for item in items:
+        for marker, reason in missing.items():
+            if item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")
@@ -24,27 +49,6 @@ def tiny():
 def tiny_tokenizer(tiny):
     """The tiny model's tokenizer (with looprl's tool-capable ChatML template)."""
     return tiny[1]
-
-
-def small_llama(seed: int = 0, **config):
-    """A randomly initialised small Llama (2 layers, 4 heads, 2 KV heads, width 32) for tests.
-
-    The one model fixture of the suite: `config` overrides any `LlamaConfig` field (vocabulary,
-    width, tied embeddings, special ids), and the same seed gives the same weights.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    base = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(LlamaConfig(**{**base, **config}))
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_train_e2e import read_metrics, small_config, stable
+from helpers import read_metrics, small_config, stable
 
 from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.config import ConfigError, load_config

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import small_llama
+from helpers import small_llama
 from safetensors import safe_open
 
 from looprl.trainer.checkpoint import single as ckpt
@@ -223,14 +223,14 @@ def test_crash_during_write_leaves_previous_checkpoint(
     net, _, opt, sched, _ = make_training(0)
     first = save_checkpoint(tmp_path, 1, model=net, optimizer=opt, scheduler=sched, extra_state={})
 
-    real = ckpt._torch_save
+    real = ckpt.torch_save_synced
 
     def failing(obj: Any, path: Path) -> None:
         if path.name == "rng.pt":
             raise OSError("disk full")
         real(obj, path)
 
-    monkeypatch.setattr(ckpt, "_torch_save", failing)
+    monkeypatch.setattr(ckpt, "torch_save_synced", failing)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, 2, model=net, optimizer=opt, scheduler=sched, extra_state={})
     assert latest_checkpoint(tmp_path) == first

@@ -14,7 +14,7 @@ import pytest
 
 from looprl.trainer.checkpoint import single as ckpt
 from looprl.trainer.checkpoint.files import checkpoint_dir
-from looprl.trainer.checkpoint.sharded import _find_intact, check_resume_world
+from looprl.trainer.checkpoint.sharded import check_resume_world, find_intact
 from looprl.trainer.checkpoint.verify import (
     CheckpointDamaged,
     WorldSizeMismatch,
@@ -71,7 +71,7 @@ def test_a_damaged_sharded_checkpoint_falls_back_and_is_kept(tmp_path: Path) -> 
     newest = fake_sharded(tmp_path, 4)
     (newest / "__1_0.distcp").write_text("torn")
     warnings: list[str] = []
-    found = _find_intact(tmp_path, 2, warnings.append)
+    found = find_intact(tmp_path, 2, warnings.append)
     assert found is not None and found.path.name == "step_000002"
     assert found.state == {"step": 2, "cursor": 6}
     assert len(warnings) == 1 and "step_000004 is damaged: __1_0.distcp has 4 bytes" in warnings[0]
@@ -87,4 +87,4 @@ def test_a_manifest_that_lists_too_little_is_damage(tmp_path: Path) -> None:
     with pytest.raises(CheckpointDamaged, match="world=1"):
         read_sharded(path, 2)
     with pytest.raises(ckpt.NoIntactCheckpoint, match="step_000002"):
-        _find_intact(tmp_path, 2, lambda _m: None)
+        find_intact(tmp_path, 2, lambda _m: None)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from looprl.cli.main import main
 from looprl.cli.fields import model_fields, show_value
+from looprl.cli.main import main
 from looprl.cli.train import SFTConfig, config_markdown
 from looprl.eval.run import EvalConfig
 from looprl.trainer.config import TrainConfig

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from env_helpers import run_episode
+from helpers import run_episode
 
+from looprl import load_environment, split_of
 from looprl.datasets import DatasetError, iter_tasks, load_tasks, train_eval_tasks
-from looprl.envs import load_environment, split_of
 
 
 def write_jsonl(path: Path, rows: list[object], blank_after: int | None = None) -> Path:
@@ -76,7 +76,7 @@ def test_jsonl_and_csv_stream_and_stop_at_limit(tmp_path):
     """A bad row after the limit is never read: rows are read one at a time."""
     jsonl = write_jsonl(tmp_path / "big.jsonl", [*arithmetic_rows(3), "{not json"])
     assert [t.answer for t in load_tasks(jsonl, limit=3)] == ["0", "2", "4"]
-    with pytest.raises(DatasetError, match=r"big.jsonl: line 4 is not JSON"):
+    with pytest.raises(DatasetError, match=r"big.jsonl:4: not valid JSON .*one task"):
         load_tasks(jsonl)
     csv_path = tmp_path / "big.csv"
     csv_path.write_text("question,answer\nWhat is 1?,1\nWhat is 2?,2,extra\n", "utf-8")
@@ -106,7 +106,7 @@ def test_jsonl_and_csv_stream_and_stop_at_limit(tmp_path):
             {"info": ["lvl"]},
             r"info column\(s\) \['lvl'\] are missing",
         ),
-        ([1, 2], {}, r"line 2: expected an object of columns, got list"),
+        ([1, 2], {}, r"bad.jsonl:2: a JSON array, not an object; .*an object of columns"),
     ],
 )
 def test_a_bad_row_is_one_error_naming_the_row_and_the_fix(tmp_path, row, kwargs, message):
@@ -272,7 +272,9 @@ def test_the_datasets_example_in_the_docs_runs_as_written(tmp_path, monkeypatch)
     import re
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text("utf-8")
-    (example,) = re.findall(r"```pycon\n(>>> from looprl.datasets .*?)```", doc, flags=re.DOTALL)
+    (example,) = re.findall(
+        r"```pycon\n(>>> from looprl import load_tasks.*?)```", doc, flags=re.DOTALL
+    )
     lines = ["problem,solution,source"] + [
         f"What is {a} * {b} + {c}?,{a * b + c},handmade" for a, b, c in SUMS
     ]

@@ -201,23 +201,6 @@ def test_two_processes_train_in_bfloat16(tmp_path):
     assert {t.dtype for t in weights.values()} == {torch.float32}  # float32 master weights
 
 
-def test_merge_lora_matches_peft_merge():
-    """The merge of a gathered PEFT state dict equals PEFT's own (one process, no collectives)."""
-    from looprl.trainer.distributed import merge_lora
-    from looprl.trainer.setup import merged_state_dict, wrap_lora
-
-    cfg = load_config(None, parse_cli_overrides([*ARGS, "--model.lora", "true"]))
-    model = wrap_lora(load_model("tiny")[0], cfg)
-    for name, p in model.named_parameters():
-        if "lora_B" in name:  # PEFT starts B at 0: make the delta real
-            torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(1))
-    want = merged_state_dict(model)
-    got = merge_lora(model.state_dict(), model.peft_config["default"])
-    assert got.keys() == want.keys()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-6)
-
-
 def test_two_processes_train_lora_to_the_single_process_weights(tmp_path):
     """LoRA under FSDP2: adapters sharded with their frozen base, merged weights for the engines."""
     args = [*ARGS, "--model.lora", "true"]
@@ -240,17 +223,7 @@ def test_two_processes_train_lora_to_the_single_process_weights(tmp_path):
     assert moved > 1e-4 and gap <= LORA_MAX_DIFF
 
 
-def _have_vllm() -> bool:
-    from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
-
-    try:
-        vllm_python(install=False)
-    except VLLMSetupError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _have_vllm(), reason="no vLLM venv: run `make vllm`")
+@pytest.mark.vllm
 def test_two_processes_train_against_a_vllm_server(tmp_path):
     """Rank 0 drives the server and hands the batch out; every sync reaches the server."""
     from looprl.engines.vllm_server import VLLMServer

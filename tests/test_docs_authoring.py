@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from looprl import tool_calls
 from looprl.engines.scripted import ScriptedEngine
-from looprl.envs import tool_calls
 from looprl.envs.registry import load_environment
 from looprl.eval.summary import evaluate, summarize
 from looprl.rendering import Renderer
 from looprl.rollout.loop import RolloutConfig, run_group
-from looprl.sft.train import examples_from_rows, read_conversations
 from looprl.sft.teachers import tool_call
+from looprl.sft.train import examples_from_rows, read_conversations
 from looprl.tools import ERROR_KINDS, ToolError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -118,7 +118,7 @@ def test_undocumented_lists_bare_functions_and_record_fields(tmp_path, monkeypat
 
 
 def test_documented_imports_work():
-    from looprl.envs import Limits, ToolEnv, load_environment, split_of  # noqa: F401
+    from looprl import Limits, ToolEnv, load_environment, split_of  # noqa: F401
     from looprl.eval.summary import evaluate, summarize  # noqa: F401
     from looprl.rendering import Renderer
     from looprl.rollout.loop import RolloutConfig  # noqa: F401

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from env_helpers import run_episode
+from helpers import run_episode
 
 from looprl.envs.registry import load_environment
 from looprl.types import Message, Task

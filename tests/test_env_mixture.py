@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 from looprl.envs.reasoning_gym_env import answer_format, extract_answer, load_environment
 from looprl.envs.registry import load_environment as load_registered

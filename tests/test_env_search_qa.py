@@ -6,7 +6,7 @@ import json
 
 import bm25s
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 from looprl.envs.base import Environment
 from looprl.envs.corpus import generate_world

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 from looprl.envs.wordle import (
     consistent,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fuzz_text import model_text, random_json
+from helpers import model_text, random_json
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.calculator import load_environment

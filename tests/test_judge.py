@@ -7,15 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
-from env_helpers import run_episode
+from helpers import run_episode
 
+from looprl import SingleTurnEnv, final_reply
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
-from looprl.envs import SingleTurnEnv, final_reply
 from looprl.envs.registry import load_environment
 from looprl.eval.summary import summarize
-from looprl.judge.rubric import JudgeParseError, JudgeRubric, judge_injection, parse_score
 from looprl.judge.config import make_judge
+from looprl.judge.rubric import JudgeParseError, JudgeRubric, judge_injection, parse_score
 from looprl.rubrics import Rubric
 from looprl.testing.fake_openai import FakeOpenAIServer
 from looprl.types import EpisodeResult, Generation, Message, Task

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
 pytest.importorskip("mcp", reason="the mcp extra: pip install 'looprl[mcp]'")
 
@@ -267,7 +267,7 @@ def test_close_stops_the_server_and_later_calls_are_unavailable(tmp_path: Path) 
     pid = int(pid_file.read_text())
     assert alive(pid)
     env.close()
-    assert wait_gone(pid) and env.mcp is not None and env.mcp.closed
+    assert wait_gone(pid) and isinstance(env.sources[-1], MCPTools) and env.sources[-1].closed
     ep = _run(env, [call("add", a=1), "done"])
     assert ep.tool_outcomes[0].error_kind == UNAVAILABLE and ep.tool_outcomes[0].infra
     env.close()  # idempotent

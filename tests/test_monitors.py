@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from looprl.trainer.config import ConfigError, load_config
-from looprl.trainer.monitors.core import MONITORS, EpisodeView, Monitors
 from looprl.trainer.monitors.config import MonitorsSection
+from looprl.trainer.monitors.core import MONITORS, EpisodeView, Monitors
 from looprl.trainer.monitors.episodes import (
     StepView,
     correlation,

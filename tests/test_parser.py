@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from looprl.rendering.formats import PARSERS
+from looprl.rendering.formats import PARSERS, get_parser
 from looprl.rendering.parser import (
     BAD_ARGUMENTS,
     BAD_NAME,
@@ -15,7 +15,6 @@ from looprl.rendering.parser import (
     HermesParser,
     ParsedTurn,
     ToolCallParser,
-    get_parser,
 )
 from looprl.types import ToolCall
 

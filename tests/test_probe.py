@@ -193,8 +193,8 @@ def test_notation_exploits_write_the_value_another_way():
 
 
 def test_answers_are_read_outside_reasoning_and_tool_calls():
-    from looprl.kit import answer_text
     from looprl.envs.python_math import not_in_lowest_terms
+    from looprl.kit import answer_text
 
     msg = Message(role="assistant", content="<think>The answer is 4.</think> I give up.")
     assert answer_text(msg) == "I give up."

@@ -9,10 +9,10 @@ import sys
 import tomllib
 
 import pytest
-from env_helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode
 
-from looprl.envs.registry import ENTRY_POINT_GROUP, load_environment
 from looprl.cli.scaffold import scaffold
+from looprl.envs.registry import ENTRY_POINT_GROUP, load_environment
 
 
 def test_scaffold_writes_a_package(tmp_path):

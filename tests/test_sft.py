@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
-from test_trainer_update import small_model
+from helpers import small_model
 
-from looprl.sft.train import SFTExample, masked_logprobs, micro_batches, sft_backward, sft_train
+from looprl.sft.train import SFTExample, masked_logprobs, sft_backward, sft_optim, sft_train
+from looprl.trainer.batch import micro_batches
+from looprl.trainer.setup import make_optimizer, make_scheduler
 
 
 def examples(n: int, seed: int = 0) -> list[SFTExample]:
@@ -89,3 +92,21 @@ def test_default_full_logits_loss_matches_the_micro_batched_one():
     assert sft_backward(model, batch, 30) == pytest.approx(
         float(full_logits_loss(model, batch).detach()), rel=1e-5
     )
+
+
+def test_sft_steps_the_trainers_adamw_warm_up_then_cosine_to_zero():
+    optim = sft_optim(1e-3, steps=20, warmup_frac=0.1)  # warm-up: int(20 * 0.1) = 2 steps
+    assert (optim.beta2, optim.weight_decay, optim.grad_clip) == (0.95, 0.0, 1.0)
+    opt = make_optimizer(torch.nn.Linear(1, 1), None, optim)
+    sched = make_scheduler(opt, optim, 20)
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # warm-up: 1/2 then 2/2 of the peak; the cosine then runs over the other 18 steps, so step
+    # 2 is its start (the peak) and step 11 its middle: 0.5 * (1 + cos(pi * 9/18)) = 0.5
+    assert lrs[:3] == pytest.approx([5e-4, 1e-3, 1e-3])
+    assert lrs[11] == pytest.approx(5e-4)
+    assert lrs[19] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 17 / 18)))
+    assert sft_optim(1e-3, steps=3, warmup_frac=0.05).warmup_steps == 1  # never zero

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from looprl.sft import teachers
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.python_math import generate_tasks
 from looprl.envs.registry import load_environment
 from looprl.rendering import Renderer
 from looprl.rollout.loop import run_group
-from looprl.sft.train import examples_from_rows
+from looprl.sft import teachers
 from looprl.sft.teachers import main, make_teacher, python_math_code, sft_rows, teacher_episodes
+from looprl.sft.train import examples_from_rows
 from looprl.types import Message
 
 CASES = [

@@ -8,7 +8,7 @@ import string
 
 import pytest
 import torch
-from conftest import small_llama
+from helpers import small_llama
 from tokenizers import Tokenizer, decoders, models
 from transformers import (
     PreTrainedTokenizerFast,

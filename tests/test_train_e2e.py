@@ -2,55 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import LENGTH_ENV, read_metrics, small_config, stable
 
 from looprl.algorithms.presets import PRESETS
-from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.slow
-
-LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
-VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")
-
-
-def small_config(tmp_path: Path, name: str, **overrides):
-    base = {
-        "model.name": "tiny",
-        "env.name": LENGTH_ENV,
-        "env.kwargs": {},
-        "rollout.tasks_per_step": 2,
-        "rollout.rollouts_per_task": 2,
-        "trainer.steps": 2,
-        "trainer.eval_every": 0,
-        "trainer.eval_tasks": 2,
-        "trainer.save_every": 2,
-        "trainer.save_rollouts": 2,
-        "optim.lr": 1e-3,
-        "run.output_dir": str(tmp_path),
-        "run.name": name,
-        "run.tensorboard": False,
-    }
-    base.update(overrides)
-    return load_config(None, base)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def stable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not any(k.startswith(p) or k == p for p in VOLATILE)}
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

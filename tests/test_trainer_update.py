@@ -12,8 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import small_llama
-from transformers import LlamaForCausalLM
+from helpers import small_model
 
 from looprl.algorithms.logprobs import (
     entropy_from_logits,
@@ -26,10 +25,6 @@ from looprl.trainer import batch as B
 from looprl.trainer import update as U
 from looprl.trainer.config import OptimSection
 from looprl.trainer.setup import make_optimizer, make_scheduler
-
-
-def small_model(seed: int = 0) -> LlamaForCausalLM:
-    return small_llama(seed, vocab_size=50, pad_token_id=0)
 
 
 def samples(n: int, seed: int = 0, zero_every: int = 3) -> list[B.Sample]:

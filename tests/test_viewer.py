@@ -23,7 +23,7 @@ from looprl.viewer import main_args, start_server
 from looprl.viewer.jsonl import EpisodeFile, Interner, MetricsFile, episode_summary
 from looprl.viewer.server import host_allowed
 from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_hostile_run, write_run
-from looprl.viewer.tokens import _FastDecoder, _HFDecoder, model_candidates
+from looprl.viewer.tokens import FastDecoder, HFDecoder, model_candidates
 
 
 def get(url: str, path: str) -> Any:
@@ -288,7 +288,7 @@ def test_module_entry_point_prints_url_and_serves(run):
 
 
 def test_transformers_fallback_decodes_like_tokenizers(tok_dir):
-    fast, hf = _FastDecoder(tok_dir / "tokenizer.json"), _HFDecoder(tok_dir)
+    fast, hf = FastDecoder(tok_dir / "tokenizer.json"), HFDecoder(tok_dir)
     ids = hf_encoder(tok_dir)("<|im_start|>user\nWhat is 3 * 7?<|im_end|>")
     assert [hf.decode([i]) for i in ids] == [fast.decode([i]) for i in ids]
     assert "".join(fast.decode([i]) for i in ids) == "<|im_start|>user\nWhat is 3 * 7?<|im_end|>"

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import CHROMIUM
 
 from looprl.viewer import start_server
 from looprl.viewer.synthetic import (
@@ -22,19 +23,12 @@ from looprl.viewer.synthetic import (
     write_run,
 )
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.browser]  # skipped without Chromium: conftest.py
 
 
 @pytest.fixture

@@ -20,19 +20,9 @@ from pathlib import Path
 import pytest
 
 from looprl.engines.base import GenerationRequest
-from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
 from looprl.types import SamplingParams
 
-try:
-    vllm_python(install=False)
-    HAVE_VLLM = True
-except VLLMSetupError:
-    HAVE_VLLM = False
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not HAVE_VLLM, reason="no vLLM venv: run `make vllm`"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # skipped without the venv: conftest.py
 LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
 GAP_SYNCED = 1e-4  # measured: 2.1e-7 to 2.5e-7 per step on the tiny model (float32 noise)
 GAP_STALE = 1e-2  # measured: 0.30 and 0.33 on steps 2-3 without a sync at lr 1e-3

@@ -99,6 +99,8 @@ class AlgorithmConfig:
     overlong_penalty: float = 1.0
     #: Dr. GRPO's constant length L for constant_normalizer; None = longest padded length.
     max_len: int | None = None
+    #: Optimizer passes over each batch (PPO's epochs; 1: one pass, the ratio stays 1 on-policy).
+    updates_per_batch: int = 1
 
     def __post_init__(self) -> None:
         _check_name("advantage", self.advantage, [*ADVANTAGES, *TOKEN_ADVANTAGES])
@@ -122,6 +124,11 @@ class AlgorithmConfig:
             raise ValueError(
                 f"algorithm.overlong_buffer_frac must be in [0, 1) (a fraction of the max length), "
                 f"got {self.overlong_buffer_frac}"
+            )
+        if self.updates_per_batch < 1:
+            raise ValueError(
+                f"algorithm.updates_per_batch must be >= 1 (1: one pass over each batch), got "
+                f"{self.updates_per_batch}"
             )
         if self.max_len is not None and self.max_len <= 0:
             raise ValueError(

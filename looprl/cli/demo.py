@@ -209,7 +209,7 @@ def _rl_phase(args: argparse.Namespace, out: Path, sft_dir: Path) -> Path:
     from looprl.trainer.trainer import Trainer
 
     cfg = load_config(
-        Path(__file__).parent / "recipes" / "calculator_tiny.toml",
+        Path(__file__).parent.parent / "recipes" / "calculator_tiny.toml",
         {"model.name": str(sft_dir), "trainer.steps": args.rl_steps, "trainer.seed": args.seed,
          "run.output_dir": str(out), "run.name": "grpo"},
     )  # fmt: skip

@@ -48,9 +48,17 @@ import random
 import re
 from typing import Any
 
-from looprl.envs import Limits, ToolEnv, final_reply, split_of, used_tool
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import (
+    EpisodeResult,
+    Limits,
+    Message,
+    Rubric,
+    Task,
+    ToolEnv,
+    final_reply,
+    split_of,
+    used_tool,
+)
 
 SYSTEM_PROMPT = "Use the count_letter tool, then reply with 'The answer is N.'"
 

@@ -2,16 +2,21 @@
 
 `make_engine` builds an engine of a given kind around what the caller already has (an
 in-process model, or a server URL); `make_policy` is the command line's path: it loads the
-model named by `--model` first (or points at `--base-url`).
+model named by `--model` first (or points at `--base-url`); `vllm_engine` is the one place a
+`VLLMEngine` is built. The trainer builds its engine through `looprl.engines.placement`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from looprl.engines.base import Engine, TrainableEngine
 from looprl.engines.config import EngineSection
+
+if TYPE_CHECKING:
+    from looprl.engines.vllm_engine import VLLMEngine
 
 EngineKind = Literal["torch", "openai", "vllm"]
 
@@ -47,13 +52,13 @@ def make_engine(
     (message level, serving `model_name`); `vllm` samples token ids from vLLM servers, started
     on `model_dir` (`num_servers` of them) or given as `base_urls`."""
     if kind == "vllm":
-        from looprl.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_dir, tokenizer, base_urls=base_urls, num_servers=num_servers,
-            max_concurrency=max_concurrency, max_model_len=max_model_len, seed=seed,
-            startup_timeout=startup_timeout,
+        servers = EngineSection(
+            kind="vllm", base_urls=base_urls or [], num_servers=num_servers,
+            max_concurrency=max_concurrency, startup_timeout=startup_timeout,
         )  # fmt: skip
+        return vllm_engine(
+            tokenizer, servers, model_dir=model_dir, max_model_len=max_model_len, seed=seed
+        )
     if kind == "openai":
         if not base_url:
             raise ValueError("an openai engine needs base_url (the server's /v1 URL)")
@@ -107,7 +112,9 @@ def make_policy(
 
     hf_model, tokenizer = load_model(model, device=device)
     if engine is not None and engine.kind == "vllm":
-        served = vllm_engine(hf_model, tokenizer, engine, max_model_len=max_model_len, seed=seed)
+        served = vllm_engine(
+            tokenizer, engine, model=hf_model, max_model_len=max_model_len, seed=seed
+        )
         return Policy(engine=served, tokenizer=tokenizer, name=model)
     sampler = make_engine(
         "torch", model=hf_model, tokenizer=tokenizer, max_batch_size=max_batch_size, seed=seed
@@ -116,27 +123,29 @@ def make_policy(
 
 
 def vllm_engine(
-    model: Any,
     tokenizer: Any,
     engine: EngineSection,
     *,
     max_model_len: int,
     seed: int,
+    model: Any = None,
+    model_dir: str | Path | None = None,
     lora_rank: int | None = None,
-) -> TrainableEngine:
-    """A `VLLMEngine` for a loaded model: on `engine.base_urls`, or on servers it starts from the
-    model exported to RAM (the export is removed when the engine closes); with `lora_rank` the
-    servers take LoRA adapters of that rank after each step instead of full weights."""
+) -> VLLMEngine:
+    """The one place a `VLLMEngine` is built: on `engine.base_urls`, or on servers it starts from
+    `model_dir`, or from `model` exported to RAM (its base weights; the export is removed when the
+    engine closes). With `lora_rank` the servers take LoRA adapters of that rank after each step
+    instead of full weights."""
     from looprl.engines.vllm_engine import VLLMEngine, ram_dir
+    from looprl.models.weights import save_base
 
-    model_dir = None
-    if not engine.base_urls:  # a fresh directory in RAM: no need for an atomic export
-        model_dir = ram_dir("looprl-vllm-model-")
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
+    owned = []
+    if model is not None and model_dir is None and not engine.base_urls:
+        model_dir = ram_dir("looprl-vllm-model-")  # a fresh directory: no atomic export needed
+        save_base(model, tokenizer, model_dir)
+        owned.append(Path(model_dir))
     return VLLMEngine(
         model_dir, tokenizer, base_urls=engine.base_urls, num_servers=engine.num_servers,
         max_concurrency=engine.max_concurrency, max_model_len=max_model_len, seed=seed,
-        startup_timeout=engine.startup_timeout, owned_dirs=[model_dir] if model_dir else [],
-        lora_rank=lora_rank,
+        startup_timeout=engine.startup_timeout, owned_dirs=owned, lora_rank=lora_rank,
     )  # fmt: skip

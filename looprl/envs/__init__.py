@@ -1,35 +1,10 @@
-"""Environments: tasks, tools, rubric and limits; engine- and trainer-agnostic."""
+"""The bundled environments, their registry and the `Environment` base they share.
 
-from looprl.envs.base import Environment, Limits, MultiTurnEnv, SingleTurnEnv, StepOutcome, ToolEnv
-from looprl.kit import (
-    answer_text,
-    final_answer_text,
-    final_raw,
-    final_reply,
-    shown_outcomes,
-    split_of,
-    tool_call_validity,
-    tool_calls,
-    used_tool,
-)
-from looprl.envs.registry import available_environments, load_environment
+Each module here is one environment with a `load_environment(**kwargs)` (`calculator`,
+`calculator_text`, `python_math`, `search_qa`, `wordle`, `reasoning_gym_env`, `mixture`,
+`hackable`), plus helpers of theirs (`arithmetic`, `corpus`); `base` holds `Environment` and its
+shapes, `registry` loads any of them by name, `foreign` adapts verifiers and OpenEnv ones.
 
-__all__ = [
-    "Environment",
-    "Limits",
-    "MultiTurnEnv",
-    "SingleTurnEnv",
-    "StepOutcome",
-    "ToolEnv",
-    "answer_text",
-    "available_environments",
-    "final_answer_text",
-    "final_raw",
-    "final_reply",
-    "load_environment",
-    "shown_outcomes",
-    "split_of",
-    "tool_call_validity",
-    "tool_calls",
-    "used_tool",
-]
+An author imports from `looprl` alone (`from looprl import ToolEnv, Rubric, load_environment`),
+as every environment here does; this package exports nothing of its own.
+"""

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from looprl.mcp import MCPServer, MCPTools
-from looprl.rendering.parser import ParsedTurn, get_parser
+from looprl.rendering.formats import get_parser
+from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
 from looprl.tools.executor import ToolExecutor, count_tool_errors
 from looprl.tools.schema import make_tools
+from looprl.tools.source import FunctionTools, ToolSource
 from looprl.types import Message, Task, ToolOutcome
 
 GENERATED_EPOCH = 1000  # tasks asked of a training-task generator per epoch
@@ -235,8 +237,9 @@ class ToolEnv(Environment):
     back as tool messages; a turn without tool calls ends the episode. Malformed calls are
     answered with a tool message explaining the problem and counted by kind.
 
-    `mcp` adds the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields):
-    they start here and stop at `close()`, garbage collection or exit.
+    The tools come from sources (`looprl.tools.source`): `tools`, Python functions, and `mcp`,
+    the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields), which start
+    here and stop at `close()`, garbage collection or exit.
     """
 
     def __init__(
@@ -249,9 +252,11 @@ class ToolEnv(Environment):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.mcp = MCPTools(mcp) if mcp else None
+        self.sources: list[ToolSource] = [FunctionTools(tools)]
+        if mcp:
+            self.sources.append(MCPTools(mcp))
         try:
-            self.tools = make_tools([*tools, *(self.mcp.tools if self.mcp else ())])
+            self.tools = make_tools(tool for source in self.sources for tool in source.tools)
         except BaseException:
             self.close()
             raise
@@ -260,21 +265,21 @@ class ToolEnv(Environment):
         )
 
     async def setup_state(self, task: Task) -> dict[str, Any]:
-        """The base state, plus this episode's MCP sessions when a server is `per_episode`."""
+        """The base state, plus what each tool source opens for the episode (MCP sessions)."""
         state = await super().setup_state(task)
-        if self.mcp is not None:
-            state.update(await self.mcp.open_episode())
+        for source in self.sources:
+            state.update(await source.open_episode())
         return state
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
-        """Close this episode's MCP sessions."""
-        if self.mcp is not None:
-            await self.mcp.close_episode(state)
+        """Release what the tool sources opened for the episode."""
+        for source in self.sources:
+            await source.close_episode(state)
 
     def close(self) -> None:
-        """Stop the MCP servers (a no-op without them)."""
-        if self.mcp is not None:
-            self.mcp.close()
+        """Release what the tool sources hold for the run (stop MCP servers)."""
+        for source in self.sources:
+            source.close()
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:

@@ -12,11 +12,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from looprl.envs.arithmetic import safe_eval
-from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.envs.calculator import answer_format, correct_answer, task_sources
-from looprl.rubrics import Rubric
-from looprl.types import Message
+from looprl import Limits, Message, Rubric, SingleTurnEnv, train_eval_tasks
+from looprl.envs.arithmetic import operand_sizes, safe_eval
+from looprl.envs.calculator import answer_format, correct_answer, generate_tasks
 
 SYSTEM_PROMPT = (
     "You are a careful assistant. You have no tools: work the arithmetic out step by step in "
@@ -72,7 +70,11 @@ def load_environment(
     One turn of up to `max_tokens_per_turn` tokens (192: the calculator's default episode holds
     up to 4 turns of 96, of which the tool calls and the copied result take most).
     """
-    train, evals = task_sources("calculator_text", digits, dataset, eval_dataset, columns)
+    sizes, env = operand_sizes(digits), "calculator_text"  # a bad size fails here, not at a draw
+    train, evals = train_eval_tasks(dataset, eval_dataset, env=env, columns=columns) or (
+        lambda n, seed: generate_tasks("train", n, seed, sizes, env),
+        lambda n, seed: generate_tasks("eval", n, seed, sizes, env),
+    )
     return SingleTurnEnv(
         name="calculator_text",
         rubric=Rubric([correct_answer, answer_format], [1.0, 0.0]),

@@ -18,7 +18,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
-from looprl.kit import split_of as hash_split
+from looprl import split_of as hash_split
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "vh"]  # fmt: skip
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou"]

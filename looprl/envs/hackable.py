@@ -18,10 +18,17 @@ import random
 import re
 from typing import Any
 
-from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.kit import final_answer_text, final_raw, split_of
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import (
+    EpisodeResult,
+    Limits,
+    Message,
+    Rubric,
+    SingleTurnEnv,
+    Task,
+    final_answer_text,
+    final_raw,
+    split_of,
+)
 
 SYSTEM_PROMPT = "Add the numbers. Reply with the result alone in tags, like <answer>42</answer>."
 _NUMBER = re.compile(r"(?<![0-9])-?[0-9]+(?![0-9])")

@@ -17,10 +17,17 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from looprl.envs.base import Environment, Limits, StepOutcome
-from looprl.rendering.parser import ParsedTurn
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import (
+    Environment,
+    EpisodeResult,
+    Limits,
+    Message,
+    ParsedTurn,
+    Rubric,
+    StepOutcome,
+    Task,
+)
+from looprl import load_environment as load_one
 
 
 class MixtureRubric(Rubric):
@@ -239,8 +246,6 @@ def load_environment(
     Each item is a name (or module / file path) or a dict whose `env` key names it and whose
     other keys are that environment's `load_environment` arguments.
     """
-    from looprl.envs.registry import load_environment as load_one
-
     members = []
     for item in envs:
         if isinstance(item, str):

@@ -19,12 +19,22 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from looprl.datasets import train_eval_tasks
-from looprl.envs.base import Limits, TaskSource, ToolEnv
-from looprl.kit import final_answer_text, shown_outcomes, split_of
-from looprl.rubrics import Rubric
-from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
-from looprl.types import EpisodeResult, Message, Task
+from looprl import (
+    SESSION_KEY,
+    EpisodeResult,
+    Limits,
+    Message,
+    Rubric,
+    Task,
+    ToolEnv,
+    final_answer_text,
+    make_executor,
+    make_python_tools,
+    new_session_id,
+    shown_outcomes,
+    split_of,
+    train_eval_tasks,
+)
 
 SYSTEM_PROMPT = (
     "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
@@ -200,10 +210,14 @@ def load_environment(
     """The python_math environment.
 
     `dataset` (and `eval_dataset`): your own problems instead of the generated ones, a file or a
-    saved `datasets` directory read by `looprl.datasets.train_eval_tasks` (default columns
+    saved `datasets` directory read by `looprl.train_eval_tasks` (default columns
     `question` or `prompt`, `answer`, `id`; `columns` maps others). Without `eval_dataset`, one
     problem in five of `dataset` (by a hash of its text) is held out for evaluation.
     """
+    train, evals = train_eval_tasks(dataset, eval_dataset, env="python_math", columns=columns) or (
+        lambda n, seed: generate_tasks("train", n, seed),
+        lambda n, seed: generate_tasks("eval", n, seed),
+    )
     executor = make_executor(backend)
     python, python_session = make_python_tools(executor)
 
@@ -217,12 +231,6 @@ def load_environment(
             if SESSION_KEY in state:
                 await executor.close_session(state[SESSION_KEY])
 
-    generated: tuple[TaskSource, TaskSource] = (
-        lambda n, seed: generate_tasks("train", n, seed),
-        lambda n, seed: generate_tasks("eval", n, seed),
-    )
-    given = train_eval_tasks(dataset, eval_dataset, env="python_math", columns=columns)
-    train, evals = given or generated
     env = PythonMathEnv(
         name="python_math",
         tools=[python_session if session else python],

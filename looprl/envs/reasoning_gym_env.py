@@ -19,11 +19,8 @@ import random
 import re
 from typing import Any
 
-from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.kit import final_answer_text
-from looprl.kit import split_of as hash_split
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import EpisodeResult, Limits, Message, Rubric, SingleTurnEnv, Task, final_answer_text
+from looprl import split_of as hash_split
 
 SYSTEM_PROMPT = (
     "Solve the problem. You may think first, then give only the final answer inside tags, "

@@ -1,17 +1,22 @@
-"""Load environments by name (`calculator`), module path, file path or installed package."""
+"""Load environments by name (`calculator`), module path, file path or installed package.
+
+Two tables name what the registry can load, each row a `module` or `module:object` imported only
+when a configuration asks for it: `BUILTIN`, the bundled environments, and `OPTIONS`, arguments
+every environment takes that the registry applies beside it instead of passing them to its
+`load_environment` (`judge`: an LLM judge added to the rubric, `looprl.judge.config`).
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from looprl.envs.base import Environment
 from looprl.envs.foreign import is_foreign, load_foreign
+from looprl.files import import_module_or_file
 
 BUILTIN = {
     "calculator": "looprl.envs.calculator",
@@ -26,6 +31,15 @@ BUILTIN = {
 }
 ENTRY_POINT_GROUP = "looprl.environments"
 
+EnvOption = Callable[[Any], Callable[[Environment], object]]
+"""An argument of every environment: `option(value)` checks the value before the environment is
+built (ValueError naming the fix) and returns what applies it to the built environment."""
+
+OPTIONS = {
+    "judge": "looprl.judge.config:judge_option",
+}
+"""Arguments every environment takes, by name: the `module:function` of their `EnvOption`."""
+
 
 def available_environments() -> list[str]:
     """Names of built-in environments and those installed packages register."""
@@ -34,49 +48,53 @@ def available_environments() -> list[str]:
     return sorted(names)
 
 
-def import_file(path: Path) -> ModuleType:
-    """Import an environment's `.py` file as a module named after it."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"cannot import environment file {str(path)!r}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _resolve(reference: str) -> Any:
+    """The module `module`, or the object `module:name`, a table row names."""
+    module_name, _, name = reference.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, name) if name else module
 
 
 def _import_target(name: str) -> Any:
+    """The module (or factory) an environment name stands for; ValueError lists the choices."""
     if is_foreign(name):  # verifiers:MODULE, openenv:MODULE[:CLASS] (looprl/envs/foreign)
         return functools.partial(load_foreign, name)
-    if name in BUILTIN:  # "module" or "module:function"
-        module_name, _, function = BUILTIN[name].partition(":")
-        loaded = importlib.import_module(module_name)
-        return getattr(loaded, function) if function else loaded
+    if name in BUILTIN:
+        return _resolve(BUILTIN[name])
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()
-    path = Path(name)
-    if path.suffix == ".py" and path.exists():
-        return import_file(path)
     try:
-        return importlib.import_module(name.replace("-", "_"))
+        return import_module_or_file(name)
     except ModuleNotFoundError as exc:
-        raise ValueError(
-            f"unknown environment {name!r}; use one of {available_environments()}, a module path "
-            "(my_package.my_env), a .py file, or an installed package exposing load_environment(**kwargs)"
-        ) from exc
+        if name.endswith(".py"):
+            raise  # the file was found; a module it imports is not installed
+        raise _unknown(name) from exc
+    except FileNotFoundError as exc:
+        raise _unknown(name) from exc
+
+
+def _unknown(name: str) -> ValueError:
+    """The error for a name that is no environment, listing what a name may be."""
+    return ValueError(
+        f"unknown environment {name!r}; use one of {available_environments()}, a module path "
+        "(my_package.my_env), a .py file, or an installed package exposing load_environment(**kwargs)"
+    )
+
+
+def _take_options(kwargs: dict[str, Any]) -> list[Callable[[Environment], object]]:
+    """Take the `OPTIONS` out of `kwargs` (None: not given) and check each; what applies them."""
+    taken = {key: kwargs.pop(key) for key in list(kwargs) if key in OPTIONS}
+    return [_resolve(OPTIONS[key])(value) for key, value in taken.items() if value is not None]
 
 
 def load_environment(name: str, **kwargs: Any) -> Environment:
     """Build an environment: `load_environment(**kwargs)` of the named module or package.
 
-    `judge` is taken here, not passed on: a table naming an LLM judge (`looprl.judge.config`)
-    that is added to the environment's rubric with its weight.
+    The `OPTIONS` among `kwargs` (`judge`) are taken here, not passed on: each is checked before
+    the environment is built and applied to it after.
     """
-    judge = kwargs.pop("judge", None)
-    if judge is not None:
-        from looprl.judge.config import judge_config
-
-        judge = judge_config(judge)  # a bad judge fails before the environment is built
+    applies = _take_options(kwargs)
     target = _import_target(name)
     factory = (
         target
@@ -95,8 +113,6 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
         raise TypeError(
             f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment"
         )
-    if judge is not None:
-        from looprl.judge.config import attach_judge
-
-        attach_judge(env, judge)
+    for apply in applies:
+        apply(env)
     return env

@@ -28,11 +28,18 @@ from typing import Any
 
 import bm25s
 
-from looprl.envs.base import Limits, ToolEnv
+from looprl import (
+    EpisodeResult,
+    Limits,
+    Message,
+    Rubric,
+    Task,
+    ToolEnv,
+    final_answer_text,
+    iter_jsonl,
+    tool_calls,
+)
 from looprl.envs.corpus import Document, Question, generate_world, split_of
-from looprl.kit import final_answer_text, tool_calls
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
 
 SYSTEM_PROMPT = (
     "Answer questions about a fictional world using the search and read tools; your own "
@@ -213,20 +220,13 @@ def gold_read(episode: EpisodeResult) -> float:
 
 def _read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON ({exc})") from exc
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise ValueError(
-                    f"{path}:{n}: missing field(s) {missing}; each row needs {list(required)}"
-                )
-            rows.append(row)
+    for n, row in iter_jsonl(path, fix=f"each line must be an object with {list(required)}"):
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise ValueError(
+                f"{path}:{n}: missing field(s) {missing}; each row needs {list(required)}"
+            )
+        rows.append(row)
     return rows
 
 

@@ -29,11 +29,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from looprl.envs.base import Limits, MultiTurnEnv
-from looprl.kit import answer_text
-from looprl.kit import split_of as hash_split
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import EpisodeResult, Limits, Message, MultiTurnEnv, Rubric, Task, answer_text
+from looprl import split_of as hash_split
 
 MAX_GUESSES = 6
 SYSTEM_PROMPT = (

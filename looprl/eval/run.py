@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +32,7 @@ from looprl.eval.summary import (
     summarize,
     write_metadata,
 )
+from looprl.files import import_module_or_file, write_text_atomically
 from looprl.rendering.formats import ParserName
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import check_template_choice, set_chat_template
@@ -250,22 +251,12 @@ Policy = Callable[[list[Message]], str]
 
 def load_policy(spec: str) -> Policy:
     """Import `MODULE:FN` (a module path or a .py file before the colon); ValueError says why not."""
-    import importlib
-    import importlib.util
-
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"--policy {spec!r} is not MODULE:FN; write it as my_module:my_policy")
     try:
-        if module_name.endswith(".py"):
-            spec_ = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-            if spec_ is None or spec_.loader is None or not Path(module_name).is_file():
-                raise ModuleNotFoundError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(spec_)
-            spec_.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
+        module = import_module_or_file(module_name)
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
         raise ValueError(
             f"--policy {spec!r}: cannot import {module_name!r} ({exc}); give an importable module "
             "or a .py file"
@@ -335,9 +326,6 @@ def save_sft_traces(
     env: Environment, episodes: list[EpisodeResult], path: Path, threshold: float
 ) -> int:
     """Write the episodes that reached `threshold` as `looprl sft` rows (atomically); how many."""
-    from looprl.files import write_text_atomically
-    from looprl.sft.train import traces_from_episodes
-
     rows = traces_from_episodes(env, episodes, threshold)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
@@ -348,6 +336,23 @@ def save_sft_traces(
         highlight=False,
     )
     return len(rows)
+
+
+def traces_from_episodes(
+    env: Environment, episodes: Iterable[EpisodeResult], threshold: float
+) -> list[dict[str, Any]]:
+    """`looprl sft` rows (messages and the task's tools) of the episodes that reached `threshold`.
+
+    Episodes with errors are left out: a trace teaches what the model should write, so it must
+    have run cleanly and been scored.
+    """
+    rows = []
+    for ep in episodes:
+        if ep.errors or not ep.rewards or ep.reward < threshold - 1e-9:
+            continue
+        tools = env.for_task(ep.task).tool_schemas
+        rows.append({"messages": [m.to_template() for m in ep.messages], "tools": tools})
+    return rows
 
 
 async def _with_progress(job: EvalJob) -> EvalOutcome:

@@ -1,6 +1,7 @@
 """How a TOML file or an environment names an LLM judge: `JudgeConfig`, `make_judge`, `attach_judge`.
 
-Any environment takes a judge through the registry's `judge` argument, added to its rubric::
+Any environment takes a judge through the `judge` argument, which the registry hands to
+`judge_option` (a row of `looprl.envs.registry.OPTIONS`) and which adds the judge to its rubric::
 
     [env.kwargs]
     judge = { kind = "openai", base_url = "http://localhost:8000/v1", model = "Qwen3-8B", weight = 0.5 }
@@ -11,6 +12,7 @@ or `--env.judge '{"kind": "torch", "model": "smollm2-135m", "weight": 0}'` on th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -115,3 +117,10 @@ def attach_judge(env: Environment, spec: JudgeConfig | dict[str, Any]) -> JudgeR
     for target in members.values() if isinstance(members, dict) else [env]:
         target.rubric.add(judge, cfg.weight)
     return judge
+
+
+def judge_option(spec: JudgeConfig | dict[str, Any]) -> Callable[[Environment], JudgeRubric]:
+    """The environment argument `judge` (`looprl.envs.registry.OPTIONS`): the config is checked
+    now, before the environment is built; the returned function attaches the judge to it."""
+    cfg = judge_config(spec)
+    return lambda env: attach_judge(env, cfg)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.engines.base import Engine, GenerationRequest
+from looprl.files import iter_jsonl
 from looprl.kit import final_reply
 from looprl.types import EpisodeResult, Message, SamplingParams
 
@@ -200,6 +201,9 @@ def task_question(episode: EpisodeResult) -> str:
     return users[-1] if users else ""
 
 
+_CACHE_FIX = "a judge cache line is {'key', 'reply'}; delete the file or point cache_path elsewhere"
+
+
 class JudgeCache:
     """Judge replies by key: an LRU of `size` entries, and a JSONL file when `path` is given.
 
@@ -214,15 +218,10 @@ class JudgeCache:
         self.path = Path(path) if path else None
         self._items: OrderedDict[str, str] = OrderedDict()
         if self.path is not None and self.path.exists():
-            for n, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-                try:
-                    row = json.loads(line)
-                    self._put(str(row["key"]), str(row["reply"]))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(
-                        f"judge cache {self.path}:{n} is not a {{'key', 'reply'}} JSON line "
-                        f"({exc}); delete the file or point cache_path elsewhere"
-                    ) from exc
+            for n, row in iter_jsonl(self.path, fix=_CACHE_FIX):
+                if "key" not in row or "reply" not in row:
+                    raise ValueError(f"{self.path}:{n}: no 'key' or no 'reply'; {_CACHE_FIX}")
+                self._put(str(row["key"]), str(row["reply"]))
 
     def __len__(self) -> int:
         return len(self._items)

@@ -20,8 +20,9 @@ reads end-of-file on its stdin and exits, as the MCP stdio transport requires.
 """
 
 from looprl.mcp.config import MCP_EXTRA, MCPServer
-from looprl.mcp.session import MCP_ERROR, MCPStartError, result_text
+from looprl.mcp.session import MCPStartError, result_text
 from looprl.mcp.tools import EPISODE_KEY, MCPTools, mcp_params, mcp_tool_schema
+from looprl.tools.executor import MCP_ERROR
 
 __all__ = [
     "EPISODE_KEY",

@@ -12,10 +12,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from looprl.mcp.config import MCPServer
-from looprl.tools.executor import UNAVAILABLE, ToolError
+from looprl.tools.executor import MCP_ERROR, UNAVAILABLE, ToolError
 
-MCP_ERROR = "mcp_error"
-"""Kind of a call the server answered with an error result or a JSON-RPC error."""
 _CLOSE_TIMEOUT = 15.0  # the SDK's stdio shutdown is bounded: 2 s for EOF, 2 s after SIGTERM
 _T = TypeVar("_T")
 

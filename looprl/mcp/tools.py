@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from looprl.mcp.config import MCPServer, require_sdk
 from looprl.mcp.session import Loop, Session, close_all, open_all
-from looprl.tools.schema import Param, Tool, _clean, _recursive_defs
+from looprl.tools.schema import Param, Tool, clean_schema, object_schema
 
 EPISODE_KEY = "mcp_sessions"
 """Episode-state key of the per-episode sessions (`MCPTools.open_episode`)."""
@@ -25,14 +25,11 @@ def mcp_tool_schema(
     """The OpenAI function schema of an MCP tool, in the form `make_tool` gives Python tools."""
     defs = dict(input_schema.get("$defs", {}))
     properties = input_schema.get("properties", {})
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": {n: _clean(p, defs) for n, p in properties.items()},
-        "required": [n for n in input_schema.get("required", []) if n in properties],
-    }
-    recursive = _recursive_defs(parameters, defs)
-    if recursive:
-        parameters["$defs"] = recursive
+    parameters = object_schema(
+        {n: clean_schema(p, defs) for n, p in properties.items()},
+        [n for n in input_schema.get("required", []) if n in properties],
+        defs,
+    )
     function = {"name": name, "description": (description or "").strip(), "parameters": parameters}
     return {"type": "function", "function": function}
 
@@ -86,7 +83,7 @@ def mcp_params(input_schema: Mapping[str, Any], where: str) -> tuple[dict[str, P
             default = ""
         else:
             default = f" = {json.dumps(prop['default'])}" if "default" in prop else " (optional)"
-        shown.append(f"{name}: {_type_name(_clean(prop, defs))}{default}")
+        shown.append(f"{name}: {_type_name(clean_schema(prop, defs))}{default}")
     return params, ", ".join(shown)
 
 

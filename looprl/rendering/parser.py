@@ -350,16 +350,3 @@ def _json_type(value: Any) -> str:
     if isinstance(value, list):
         return "an array"
     return "an object"
-
-
-def get_parser(name: str) -> ToolCallParser:
-    """A parser instance by name (`looprl.rendering.formats.PARSERS`); unknown names raise
-    ValueError listing the known ones."""
-    from looprl.rendering.formats import PARSERS  # the formats build on this module
-
-    try:
-        return PARSERS[name]()
-    except KeyError:
-        raise ValueError(
-            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
-        ) from None

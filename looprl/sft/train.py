@@ -1,21 +1,29 @@
-"""Supervised warm-start: train on assistant turns of conversations (JSONL), masking everything else."""
+"""Supervised warm-start: train on assistant turns of conversations (JSONL), masking everything else.
+
+The step uses the RL trainer's kit: AdamW and the schedule from `looprl.trainer.setup` (configured
+by an `OptimSection`), micro-batching and padding from `looprl.trainer.batch`, and the token
+scoring of `looprl.models.forward`. Only the loss differs: mean NLL over assistant tokens.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from looprl.files import iter_jsonl
 from looprl.models.forward import target_rows
 from looprl.rendering.renderer import Renderer
-from looprl.types import EpisodeResult, Message
+from looprl.trainer.batch import micro_batches, pad_right
+from looprl.trainer.config import OptimSection
+from looprl.trainer.setup import make_optimizer, make_scheduler
+from looprl.types import Message
 
 
 @dataclass
@@ -24,6 +32,9 @@ class SFTExample:
 
     token_ids: list[int]
     mask: list[int]
+
+
+_ONE_CONVERSATION = 'each line must be one conversation, an object with a "messages" list'
 
 
 def read_conversations(path: Path) -> list[dict[str, Any]]:
@@ -38,20 +49,10 @@ def read_conversations(path: Path) -> list[dict[str, Any]]:
             "written by looprl eval ENV --policy MODULE:FN --save-sft FILE"
         )
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{path}:{i}: not valid JSON ({exc.msg}); each line must be one conversation"
-            ) from None
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise ValueError(
-                f'{path}:{i}: not a conversation; each line must be an object with a "messages" list'
-            )
-        _check_messages(row["messages"], f"{path}:{i}")
+    for n, row in iter_jsonl(path, fix=_ONE_CONVERSATION):
+        if not isinstance(row.get("messages"), list):
+            raise ValueError(f"{path}:{n}: not a conversation; {_ONE_CONVERSATION}")
+        _check_messages(row["messages"], f"{path}:{n}")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} holds no conversations; give a JSONL file with one per line")
@@ -74,23 +75,6 @@ def _check_messages(messages: list[Any], where: str) -> None:
             ) from None
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError(f"{where}: no assistant message; a conversation needs one to learn from")
-
-
-def traces_from_episodes(
-    env: Any, episodes: Iterable[EpisodeResult], threshold: float
-) -> list[dict[str, Any]]:
-    """`looprl sft` rows (messages and the task's tools) of the episodes that reached `threshold`.
-
-    Episodes with errors are left out: a trace teaches what the model should write, so it must
-    have run cleanly and been scored.
-    """
-    rows = []
-    for ep in episodes:
-        if ep.errors or not ep.rewards or ep.reward < threshold - 1e-9:
-            continue
-        tools = env.for_task(ep.task).tool_schemas
-        rows.append({"messages": [m.to_template() for m in ep.messages], "tools": tools})
-    return rows
 
 
 def encode_conversation(renderer: Renderer, messages: list[Message], eos_text: str) -> SFTExample:
@@ -122,6 +106,19 @@ def encode_conversation(renderer: Renderer, messages: list[Message], eos_text: s
     return SFTExample(ids, mask)
 
 
+def sft_optim(lr: float, steps: int, warmup_frac: float) -> OptimSection:
+    """SFT's optimizer and schedule, in the RL trainer's terms.
+
+    AdamW with beta2 0.95 (nanoGPT's; the RL default is 0.99) and no weight decay; linear
+    warm-up over `warmup_frac` of the steps (at least one), then cosine decay to zero; gradients
+    clipped to a global norm of 1.
+    """
+    warm = max(1, int(steps * warmup_frac))
+    return OptimSection(
+        lr=lr, beta2=0.95, weight_decay=0.0, warmup_steps=warm, schedule="cosine", grad_clip=1.0
+    )
+
+
 def sft_train(
     model: torch.nn.Module,
     examples: list[SFTExample],
@@ -134,86 +131,90 @@ def sft_train(
     micro_batch_tokens: int | None = None,
     log: Any = None,
 ) -> list[float]:
-    """Masked next-token cross-entropy with AdamW and a cosine schedule; returns the loss per step.
+    """Masked next-token cross-entropy with `sft_optim`'s AdamW and schedule; the loss per step.
 
     With `micro_batch_tokens`, each batch is cut into micro-batches of at most that many padded
     tokens (one example per micro-batch when it is longer) whose gradients are accumulated, and
     the vocabulary projection runs on trained positions only: the same loss in bounded memory.
-    Without it (the default) the batch is one full-logits pass, as originally implemented.
+    Without it (the default) the batch is one full-logits pass (`full_logits_loss`).
     """
     if micro_batch_tokens is not None and micro_batch_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
-    rng = random.Random(seed)
     steps = max(1, math.ceil(len(examples) * epochs / batch_size))
-    opt = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=lr,
-        weight_decay=0.0,
-        betas=(0.9, 0.95),
-    )
-    warm = max(1, int(steps * warmup_frac))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            (s + 1) / warm
-            if s < warm
-            else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, steps - warm)))
-        ),
-    )
-    order: list[int] = []
+    optim = sft_optim(lr, steps, warmup_frac)
+    opt = make_optimizer(model, None, optim)
+    sched = make_scheduler(opt, optim, steps)
     losses: list[float] = []
     log_every = max(1, min(20, steps // 10))
     model.train()
     t0 = time.perf_counter()
-    for step in range(steps):
-        if len(order) < batch_size:
-            perm = list(range(len(examples)))
-            rng.shuffle(perm)
-            order += perm
-        chunk, order = order[:batch_size], order[batch_size:]
-        batch = [examples[i] for i in chunk]
+    for step, chunk in enumerate(_shuffled_batches(len(examples), batch_size, steps, seed)):
         opt.zero_grad(set_to_none=True)
-        if micro_batch_tokens is None:
-            full = full_logits_loss(model, batch)
-            full.backward()
-            loss = float(full.detach())
-        else:
-            loss = sft_backward(model, batch, micro_batch_tokens)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        losses.append(sft_backward(model, [examples[i] for i in chunk], micro_batch_tokens))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
         opt.step()
         sched.step()
-        losses.append(loss)
         if log is not None and (step % log_every == 0 or step == steps - 1):
             log(step + 1, steps, losses[-1], time.perf_counter() - t0)
     model.eval()
     return losses
 
 
-def _pad(batch: list[SFTExample], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(ids, attention mask, loss mask) padded to the longest example, each (B, T)."""
-    t_max = max(len(e.token_ids) for e in batch)
-    ids = torch.zeros((len(batch), t_max), dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    mask = torch.zeros((len(batch), t_max), dtype=torch.bool)
-    for i, e in enumerate(batch):
-        n = len(e.token_ids)
-        ids[i, :n] = torch.tensor(e.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(e.mask, dtype=torch.bool)
-    return ids.to(device), attn.to(device), mask.to(device)
+def _shuffled_batches(n: int, batch_size: int, steps: int, seed: int) -> Iterator[list[int]]:
+    """`steps` batches of example indices: epoch after epoch, each a fresh shuffle of all `n`."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            perm = list(range(n))
+            rng.shuffle(perm)
+            order += perm
+        chunk, order = order[:batch_size], order[batch_size:]
+        yield chunk
+
+
+def sft_backward(model: torch.nn.Module, batch: list[SFTExample], max_tokens: int | None) -> float:
+    """Backward of the mean NLL over the batch's trained tokens; returns that loss.
+
+    With `max_tokens`, micro-batch by micro-batch (`looprl.trainer.batch.micro_batches`, as the
+    RL update cuts its batches): the gradient is the same as one pass over the whole batch.
+    Without, one `full_logits_loss` pass.
+    """
+    if max_tokens is None:
+        full = full_logits_loss(model, batch)
+        full.backward()
+        return float(full.detach())
+    total = max(1, sum(sum(e.mask[1:]) for e in batch))
+    loss = 0.0
+    for part in micro_batches(batch, max_tokens):
+        part_loss = -masked_logprobs(model, part).sum() / total
+        part_loss.backward()
+        loss += float(part_loss.detach())
+    return loss
+
+
+def _padded(model: torch.nn.Module, batch: list[SFTExample]) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, loss mask), each (B, T), on the model's device (`pad_right`).
+
+    The pad id is 0: padded positions have attention 0 and loss mask 0, so any id would do.
+    """
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in pad_right(batch, pad_id=0))
 
 
 def full_logits_loss(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Tensor:
     """Mean NLL over the batch's trained tokens from the full logits, in one pass.
 
-    The original implementation, kept as the default so earlier results (the demo's) reproduce
-    bit for bit; it holds (batch x length x vocabulary) logits, so bound memory with
-    `micro_batch_tokens` for long conversations or large vocabularies.
+    It holds (batch x length x vocabulary) logits, so bound memory with `micro_batch_tokens`
+    for long conversations or large vocabularies.
     """
-    ids, attn, mask = _pad(batch, next(model.parameters()).device)
+    # the default because its floats differ from `masked_logprobs`' (about 1e-8 relative, one
+    # log-softmax over every position vs the head on trained rows) and the demo's table is
+    # measured with them
+    ids, attn, mask = _padded(model, batch)  # (B, T) each
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-    m = mask[:, 1:].float()
+    m = mask[:, 1:]  # (B, T-1)
     return (nll * m).sum() / m.sum().clamp(min=1.0)
 
 
@@ -223,35 +224,9 @@ def masked_logprobs(model: torch.nn.Module, batch: list[SFTExample]) -> torch.Te
     The output projection runs on trained positions only, chunk by chunk (as in the RL update),
     so memory does not grow with vocabulary x sequence length.
     """
-    ids, attn, mask = _pad(batch, next(model.parameters()).device)
-    sel = mask[:, 1:]  # token t+1 is predicted from position t
-    rows, _ = target_rows(model, ids, attn, ids[:, 1:], sel)  # (N, 2)
+    ids, attn, mask = _padded(model, batch)  # (B, T) each
+    rows, _ = target_rows(model, ids, attn, ids[:, 1:], mask[:, 1:])  # (N, 2)
     return rows[:, 0]  # (N,)
-
-
-def micro_batches(batch: list[SFTExample], max_tokens: int) -> list[list[SFTExample]]:
-    """Split `batch` (sorted by length) so each part's padded size stays within `max_tokens`."""
-    parts: list[list[SFTExample]] = []
-    for ex in sorted(batch, key=lambda e: len(e.token_ids)):
-        if parts and len(ex.token_ids) * (len(parts[-1]) + 1) <= max_tokens:
-            parts[-1].append(ex)
-        else:
-            parts.append([ex])
-    return parts
-
-
-def sft_backward(model: torch.nn.Module, batch: list[SFTExample], max_tokens: int) -> float:
-    """Backward of the mean NLL over the batch's trained tokens, micro-batch by micro-batch.
-
-    Returns the loss; the gradient is the same as one pass over the whole batch.
-    """
-    total = max(1, sum(sum(e.mask[1:]) for e in batch))
-    loss = 0.0
-    for part in micro_batches(batch, max_tokens):
-        part_loss = -masked_logprobs(model, part).sum() / total
-        part_loss.backward()
-        loss += float(part_loss.detach())
-    return loss
 
 
 def examples_from_rows(

@@ -4,6 +4,8 @@
 `return_tokens_as_token_ids` gives `"token_id:N"` tokens) and `/v1/models` from a script, on an
 asyncio server in a background thread (hundreds of concurrent keep-alive connections are fine).
 It injects faults (500s, 429s, dropped connections, slow replies) and records every request.
+vLLM's weight and adapter endpoints (`VLLM_ADMIN`) answer 200 and are recorded, so a
+`VLLMEngine` on `base_urls=[srv.base_url]` can sync against it.
 
     with FakeOpenAIServer(script=["Hello!"]) as srv:
         engine = OpenAIEngine(srv.base_url, "fake")
@@ -29,6 +31,14 @@ from types import TracebackType
 from typing import Any
 
 Script = Callable[[dict[str, Any]], "FakeReply | str"] | Sequence["FakeReply | str"] | None
+
+VLLM_ADMIN = (
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
+"""vLLM's dev-mode endpoints a `VLLMEngine` posts to when it syncs weights or adapters."""
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
 
@@ -301,6 +311,9 @@ class FakeOpenAIServer:
         if method == "GET" and path == "/v1/models":
             data = [{"id": self.model, "object": "model", "owned_by": "looprl"}]
             await _write(writer, 200, {"object": "list", "data": data})
+            return True
+        if method == "POST" and path in VLLM_ADMIN:  # accepted and recorded, nothing reloaded
+            await _write(writer, 200, {})
             return True
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
             await _write(writer, 404, _error_body(f"no route for {method} {path}"))

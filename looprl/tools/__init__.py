@@ -5,6 +5,7 @@ from looprl.tools.executor import (
     EXCEPTION,
     INVALID_ARGUMENT,
     MALFORMED_JSON,
+    MCP_ERROR,
     MISSING_ARGUMENT,
     TIMEOUT,
     TRUNCATED,
@@ -18,10 +19,12 @@ from looprl.tools.executor import (
     count_tool_errors,
 )
 from looprl.tools.schema import Hidden, Tool, make_tool, make_tools, parse_docstring, tool_schema
+from looprl.tools.source import FunctionTools, ToolSource
 
 __all__ = [
     "ERROR_KINDS",
     "EXCEPTION",
+    "MCP_ERROR",
     "INVALID_ARGUMENT",
     "MALFORMED_JSON",
     "MISSING_ARGUMENT",
@@ -30,12 +33,14 @@ __all__ = [
     "UNAVAILABLE",
     "UNEXPECTED_ARGUMENT",
     "UNKNOWN_TOOL",
+    "FunctionTools",
     "Hidden",
     "Tool",
     "ToolError",
     "ToolExecutor",
     "ToolReply",
     "ToolResult",
+    "ToolSource",
     "count_tool_errors",
     "make_tool",
     "make_tools",

@@ -59,6 +59,9 @@ ERROR_KINDS = (
     TIMEOUT,
     UNAVAILABLE,
 )
+MCP_ERROR = "mcp_error"
+"""Kind of an MCP call the server answered with an error result or a JSON-RPC error (`looprl.mcp`);
+the tool failed on the call, as a raising Python tool does (`exception`)."""
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")

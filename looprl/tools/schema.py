@@ -194,10 +194,14 @@ def _check_literal(tp: Any, where: str) -> None:
             )
 
 
-def _clean(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
-    """Drop pydantic's `title` clutter and inline `$ref`s (recursive types keep their `$defs`)."""
+def clean_schema(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
+    """A JSON schema as the model reads it: pydantic's `title` clutter dropped, `$ref`s into `defs`
+    inlined (a recursive type keeps its reference; `object_schema` emits its def once).
+
+    `stack` holds the defs being inlined, so a recursive one stops there.
+    """
     if isinstance(node, list):
-        return [_clean(item, defs, stack) for item in node]
+        return [clean_schema(item, defs, stack) for item in node]
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
@@ -205,16 +209,19 @@ def _clean(node: Any, defs: dict[str, Any], stack: tuple[str, ...] = ()) -> Any:
         name = ref.removeprefix("#/$defs/")
         if name in stack:  # recursive type: keep the reference, the def is emitted once
             return {"$ref": ref}
-        inlined = _clean(defs[name], defs, (*stack, name))
-        return {**inlined, **{k: _clean(v, defs, stack) for k, v in node.items() if k != "$ref"}}
+        inlined = clean_schema(defs[name], defs, (*stack, name))
+        return {
+            **inlined,
+            **{k: clean_schema(v, defs, stack) for k, v in node.items() if k != "$ref"},
+        }
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "$defs"):
             continue
         if key == "properties" and isinstance(value, dict):
-            out[key] = {name: _clean(sub, defs, stack) for name, sub in value.items()}
+            out[key] = {name: clean_schema(sub, defs, stack) for name, sub in value.items()}
         else:
-            out[key] = _clean(value, defs, stack)
+            out[key] = clean_schema(value, defs, stack)
     if "type" in out:  # put the type first: easier to read for people and small models
         out = {"type": out.pop("type"), **out}
     variants = out.get("anyOf")
@@ -237,7 +244,7 @@ def _recursive_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, A
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 name = ref.removeprefix("#/$defs/")
                 if name not in found:
-                    found[name] = _clean(defs[name], defs, (name,))
+                    found[name] = clean_schema(defs[name], defs, (name,))
                     pending.append(found[name])
             pending.extend(node.values())
         elif isinstance(node, list):
@@ -306,7 +313,7 @@ def _adapter(annotation: Any, where: str) -> TypeAdapter[Any]:
 def _param_schema(param: Param, doc: str | None, defs: dict[str, Any]) -> dict[str, Any]:
     raw = param.adapter.json_schema()
     defs.update(raw.get("$defs", {}))
-    prop: dict[str, Any] = _clean(raw, defs)
+    prop: dict[str, Any] = clean_schema(raw, defs)
     if doc and "description" not in prop:
         prop["description"] = doc
     if not param.required:
@@ -364,19 +371,24 @@ def _read_params(
     return params, hidden, hidden_defaults
 
 
-def _parameters_schema(params: dict[str, Param], arg_docs: dict[str, str]) -> dict[str, Any]:
-    """The JSON schema of the visible parameters (an object schema, `$defs` only for recursion)."""
-    defs: dict[str, Any] = {}
-    properties = {n: _param_schema(prm, arg_docs.get(n), defs) for n, prm in params.items()}
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": properties,
-        "required": [n for n, prm in params.items() if prm.required],
-    }
+def object_schema(
+    properties: dict[str, Any], required: list[str], defs: dict[str, Any]
+) -> dict[str, Any]:
+    """The parameters schema of a tool: an object of `properties` (each already `clean_schema`d),
+    with `$defs` only for the recursive types they still reference. Python tools (`make_tool`)
+    and MCP tools (`looprl.mcp`) both get their schema here, so the model reads one form."""
+    parameters: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
     recursive = _recursive_defs(parameters, defs)
     if recursive:
         parameters["$defs"] = recursive
     return parameters
+
+
+def _parameters_schema(params: dict[str, Param], arg_docs: dict[str, str]) -> dict[str, Any]:
+    """The JSON schema of the visible parameters (an object schema, `$defs` only for recursion)."""
+    defs: dict[str, Any] = {}
+    properties = {n: _param_schema(prm, arg_docs.get(n), defs) for n, prm in params.items()}
+    return object_schema(properties, [n for n, prm in params.items() if prm.required], defs)
 
 
 def make_tool(fn: Callable[..., Any], *, name: str | None = None) -> Tool:

@@ -1,11 +1,14 @@
 """From scored episodes to training tensors: samples with group advantages, micro-batches, padding.
 
-Scoring the tokens with the model is `looprl.models.forward.forward_logprobs`.
+Micro-batching and padding take any `Tokens` (ids and a loss mask), so SFT shares them. Scoring
+the tokens with the model is `looprl.models.forward.forward_logprobs`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -75,15 +78,30 @@ def samples_from_groups(
     return samples, stats
 
 
-def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]]:
-    """Split samples (in order) into micro-batches whose padded size stays within the budget.
+class Tokens(Protocol):
+    """A sequence to train on: its token ids and loss mask (1 on trained tokens), of one length.
 
-    A sequence longer than the budget gets a micro-batch of its own.
+    `Sample` (RL) and `looprl.sft.train.SFTExample` (SFT) are both; micro-batching and padding
+    below take either.
     """
-    batches: list[list[Sample]] = []
-    current: list[Sample] = []
+
+    token_ids: list[int]
+    mask: list[int]
+
+
+SeqT = TypeVar("SeqT", bound=Tokens)
+
+
+def micro_batches(samples: Sequence[SeqT], token_budget: int) -> list[list[SeqT]]:
+    """Split sequences, shortest first, into micro-batches whose padded size stays in the budget.
+
+    Sorting by length (stable: equal lengths keep their order) puts similar lengths together,
+    so they pad less. A sequence longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[SeqT]] = []
+    current: list[SeqT] = []
     longest = 0
-    for s in samples:
+    for s in sorted(samples, key=lambda s: len(s.token_ids)):
         n = len(s.token_ids)
         if current and max(longest, n) * (len(current) + 1) > token_budget:
             batches.append(current)
@@ -93,6 +111,26 @@ def micro_batches(samples: list[Sample], token_budget: int) -> list[list[Sample]
     if current:
         batches.append(current)
     return batches
+
+
+def pad_right(
+    seqs: Sequence[Tokens], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, float loss mask), each (B, T), right-padded to the longest.
+
+    Padded positions get `pad_id`, attention 0 and loss mask 0, so they change no real
+    position's output (the model is causal) and no loss.
+    """
+    t_max = max(len(s.token_ids) for s in seqs)
+    ids = torch.full((len(seqs), t_max), pad_id, dtype=torch.long)  # (B, T)
+    attn = torch.zeros((len(seqs), t_max), dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(seqs), t_max), dtype=torch.float32)  # (B, T)
+    for i, s in enumerate(seqs):
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
+    return ids, attn, mask
 
 
 @dataclass
@@ -113,19 +151,12 @@ class Batch:
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> Batch:
-    """Right-pad a micro-batch into tensors on `device`."""
-    t_max = max(len(s.token_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, t_max), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, t_max), dtype=torch.long)
-    mask = torch.zeros((b, t_max), dtype=torch.float32)
+    """Right-pad a micro-batch (`pad_right`) into tensors on `device`."""
+    ids, attn, mask = pad_right(samples, pad_id)  # (B, T) each
+    b, t_max = ids.shape
     lps = torch.zeros((b, t_max), dtype=torch.float32)
     for i, s in enumerate(samples):
-        n = len(s.token_ids)
-        ids[i, :n] = torch.tensor(s.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
-        lps[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+        lps[i, : len(s.token_ids)] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None].expand(
         b, t_max - 1
     )

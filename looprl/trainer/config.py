@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -15,6 +16,9 @@ from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
 from looprl.trainer.monitors.config import MonitorsSection
+
+if TYPE_CHECKING:
+    from looprl.algorithms.presets import AlgorithmConfig
 
 
 class _Section(BaseModel):
@@ -120,6 +124,33 @@ class AlgorithmSection(_Section):
     updates_per_batch: int = Field(
         1, ge=1, description="optimizer passes over each batch (PPO epochs)"
     )
+
+    @field_validator("overrides")
+    @classmethod
+    def _one_place_for_updates(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "updates_per_batch" in v:
+            raise ValueError(
+                "updates_per_batch is a field of its own: set algorithm.updates_per_batch "
+                "(--algorithm.updates_per_batch N), not algorithm.overrides.updates_per_batch"
+            )
+        return v
+
+    def resolve(self, *, sampler_shares_weights: bool = False) -> AlgorithmConfig:
+        """The run's algorithm: the preset, its overrides and `updates_per_batch`, validated.
+
+        When the sampler holds the trainer's very weights (`sampler_shares_weights`, from the
+        engine placement) pi_trainer / pi_sampler is 1 and truncated importance sampling is
+        the identity: it is turned off then, unless `overrides` set `use_tis` themselves.
+        Raises ValueError naming the field on an unknown name or a bad value.
+        """
+        from looprl.algorithms.presets import resolve_algorithm
+
+        algo = resolve_algorithm(
+            self.preset, updates_per_batch=self.updates_per_batch, **self.overrides
+        )
+        if sampler_shares_weights and "use_tis" not in self.overrides:
+            algo = dataclasses.replace(algo, use_tis=False)
+        return algo
 
 
 class OptimSection(_Section):
@@ -237,9 +268,7 @@ class TrainConfig(_Section):
     @field_validator("algorithm")
     @classmethod
     def _known_preset(cls, v: AlgorithmSection) -> AlgorithmSection:
-        from looprl.algorithms.presets import resolve_algorithm
-
-        resolve_algorithm(v.preset, **v.overrides)  # raises ValueError naming the choices
+        v.resolve()  # raises ValueError naming the choices
         return v
 
     @model_validator(mode="after")

@@ -14,8 +14,9 @@ the identity when `dist` is None):
    weights), then `gather_in_order` hands every rank the whole batch in the single-process
    order. Advantages, normalisers and the logged rollout metrics are therefore computed on the
    same global batch by every rank; each rank then trains on its share of the samples.
-4. `full_weights` gathers the full weights (`DTensor.full_tensor`) for each rank's engine; a
-   LoRA model's come merged (`merge_lora`).
+4. After each step every rank gathers the full weights (`DTensor.full_tensor`, LoRA merged:
+   `looprl.models.weights.merged_weights`) for its engine copy, or for the vLLM servers rank 0
+   drives (`looprl.engines.placement`).
 5. Logging, evaluation, exports and plots happen on rank 0; the others wait at
    `wait_for_main`, on a group of its own with `trainer.main_phase_timeout_s` (an evaluation
    may take longer than one collective should).
@@ -164,40 +165,6 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     return list(layers)
 
 
-def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every rank gets the full weights of a sharded model (under its unsharded names).
-
-    A PEFT LoRA model's come merged, under the base model's names, as an engine loads them.
-    """
-    from torch.distributed.tensor import DTensor
-
-    full = {
-        name: (t.full_tensor() if isinstance(t, DTensor) else t).detach()
-        for name, t in model.state_dict().items()
-    }
-    peft_config = getattr(model, "peft_config", None)
-    return full if peft_config is None else merge_lora(full, peft_config["default"])
-
-
-def merge_lora(full: dict[str, torch.Tensor], lora: Any) -> dict[str, torch.Tensor]:
-    """A PEFT model's full state dict with each LoRA delta (scale * B @ A) added to its weight.
-
-    Keys lose PEFT's `base_model.model.` prefix and `.base_layer`; adapter tensors are dropped.
-    Only the adapter named "default" of plain `nn.Linear` layers (what `model.lora` builds).
-    """
-    scale = lora.lora_alpha / (lora.r**0.5 if lora.use_rslora else lora.r)
-    out = {}
-    for name, tensor in full.items():
-        if ".lora_" in name:
-            continue
-        if name.endswith(".base_layer.weight"):
-            stem = name.removesuffix(".base_layer.weight")
-            a, b = full[f"{stem}.lora_A.default.weight"], full[f"{stem}.lora_B.default.weight"]
-            tensor = tensor + scale * (b @ a)  # (out, in) + (out, r) @ (r, in)
-        out[name.removeprefix("base_model.model.").replace(".base_layer", "")] = tensor
-    return out
-
-
 def my_share(items: Sequence[T], d: Dist | None) -> list[T]:
     """The items i with i % world == rank (all of them without `dist`)."""
     return list(items) if d is None else list(items[d.rank :: d.world])
@@ -285,41 +252,14 @@ def explain_failure(d: Dist | None, exc: BaseException, timeout_s: float) -> str
 
 
 def unsupported(cfg: Any) -> list[str]:
-    """Settings multi-process training refuses, each with the field to change."""
-    problems = []
-    if cfg.engine.kind != "torch" and cfg.model.lora:
-        problems.append(
-            f"model.lora = true with engine.kind = {cfg.engine.kind!r} (train all weights, use "
-            "engine.kind = 'torch', or use one process)"
-        )
+    """Settings multi-process training refuses (`cfg` a TrainConfig), each with the field to change."""
+    from looprl.engines.placement import refusal
+
+    placement = refusal(cfg.engine, lora=cfg.model.lora, sharded=True)
+    problems = [placement] if placement else []
     if cfg.trainer.max_async_steps:
         problems.append("trainer.max_async_steps > 0 (use 0: on-policy)")
     return problems
-
-
-class FollowerEngine:
-    """The engine of ranks other than 0 when rank 0 drives remote servers (vLLM).
-
-    It samples nothing (rank 0 hands every rank the batch, see `run_shared(main_only=True)`)
-    and only follows the policy version, which the trainer reads on every rank.
-    """
-
-    token_level = True
-
-    def __init__(self) -> None:
-        self.policy_version = 0
-
-    async def generate(self, request: Any) -> Any:
-        """Never called: only rank 0 samples."""
-        raise RuntimeError("only rank 0 samples when it drives remote servers")
-
-    def sync_weights(self, weights: Any, *, version: int | None = None) -> None:
-        """Nothing to send (rank 0 sends the weights); the version moves."""
-        self.policy_version = self.policy_version + 1 if version is None else version
-
-    async def close(self) -> None:
-        """Nothing to release."""
-        return None
 
 
 class SilentLogger:

@@ -324,7 +324,11 @@ def save_rollouts(
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a `metrics.jsonl` file; lines that are not complete JSON objects are skipped."""
+    """The rows of a `metrics.jsonl` file; lines that are not complete JSON objects are skipped.
+
+    It skips where `looprl.files.iter_jsonl` raises: the trainer appends to this file while the
+    viewer and the monitors read it, and a kill can leave its last line cut short.
+    """
     rows = []
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -1,8 +1,10 @@
-"""Building what a training run needs: environment, model (+LoRA), engine copy, optimizer, schedule."""
+"""Building what a training run needs: environment, device, model (+LoRA), optimizer, schedule.
+
+Where the model generates and how its weights reach the engine is `looprl.engines.placement`.
+"""
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 from typing import Any
@@ -55,47 +57,6 @@ def wrap_lora(model: torch.nn.Module, cfg: TrainConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
-
-
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's weights under the base model's parameter names (LoRA deltas merged in)."""
-    if not hasattr(model, "peft_config"):
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    from peft.tuners.lora import LoraLayer
-
-    out: dict[str, torch.Tensor] = {}
-    base: Any = model.get_base_model()  # type: ignore[operator]
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            lora: Any = module
-            weight = lora.get_base_layer().weight.detach()
-            for adapter in lora.active_adapters:
-                weight = weight + lora.get_delta_weight(adapter).detach()
-            out[f"{name}.weight"] = weight
-    for name, tensor in base.state_dict().items():
-        clean = name.replace(".base_layer", "")
-        if "lora_" in name or clean in out:
-            continue
-        out[clean] = tensor.detach()
-    return out
-
-
-def engine_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the policy (merged LoRA) for an engine or reference model."""
-    if hasattr(model, "peft_config"):
-        base = copy.deepcopy(model.get_base_model())  # type: ignore[operator]
-        # strip the adapters by loading merged weights into a plain copy of the base architecture
-        from transformers import AutoModelForCausalLM
-
-        plain = AutoModelForCausalLM.from_config(base.config)
-        plain.load_state_dict(merged_state_dict(model), strict=False)
-        out = plain.to(next(model.parameters()).device)
-    else:
-        out = copy.deepcopy(model)
-    out.eval()
-    for p in out.parameters():
-        p.requires_grad_(False)
-    return out
 
 
 def make_optimizer(

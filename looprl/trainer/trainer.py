@@ -6,20 +6,19 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from looprl.algorithms.presets import resolve_algorithm
 from looprl.console import console
-from looprl.engines.base import AdapterEngine, TrainableEngine
+from looprl.engines.base import TrainableEngine
+from looprl.eval.run import EvalJob, run_eval
 from looprl.eval.summary import error_headline, summarize
+from looprl.models.weights import frozen_copy
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import set_chat_template
 from looprl.rollout.loop import RolloutConfig, run_groups
-from looprl.eval.run import EvalJob, run_eval
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
@@ -45,7 +44,6 @@ class Trainer:
         self, cfg: TrainConfig, *, run_dir: Path | None = None, resume: bool = False
     ) -> None:
         self.cfg = cfg
-        self.algo = resolve_algorithm(cfg.algorithm.preset, **cfg.algorithm.overrides)
         self.env = S.load_env(cfg)  # before any heavy work: a bad env name fails fast
         name = (
             cfg.run.name
@@ -79,9 +77,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
-        from looprl.engines.factory import make_trainable_engine, vllm_engine
-        from looprl.models.loading import load_model
-
+        """Everything a run needs, in order: process group, policy and placement, algorithm,
+        renderer, update context, run directory, evaluation tasks and sampling."""
         cfg = self.cfg
         S.seed_everything(cfg.trainer.seed)
         self.dist, self.device = D.init_distributed(
@@ -90,57 +87,62 @@ class Trainer:
             cfg.trainer.main_phase_timeout_s,
         )
         self.is_main = self.dist is None or self.dist.is_main
-        model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.engine: TrainableEngine
-        if cfg.engine.kind == "vllm" and not self.is_main:  # rank 0 alone drives the servers
-            self.engine = D.FollowerEngine()
-        elif cfg.engine.kind == "vllm":  # servers start from the model as loaded, before adapters
-            self.engine = vllm_engine(
-                model, self.tokenizer, cfg.engine, seed=cfg.trainer.seed,
-                max_model_len=self.env.limits.max_context_tokens,
-                lora_rank=cfg.model.lora_r if cfg.model.lora else None,
-            )  # fmt: skip
-        self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
-        self.model.eval()
-        separate = cfg.model.lora or cfg.trainer.max_async_steps > 0 or cfg.engine.kind != "torch"
-        own = (separate and cfg.engine.kind == "torch") or self.dist is not None
-        self.engine_model = S.engine_copy(self.model) if own else self.model  # full under FSDP
-        if cfg.engine.kind == "torch":  # under FSDP each rank samples from its full copy
-            self.engine = make_trainable_engine(
-                "torch", model=self.engine_model, tokenizer=self.tokenizer,
-                max_batch_size=cfg.engine.max_concurrency, seed=cfg.trainer.seed,
-            )  # fmt: skip
-        self._closers.append(self.engine.close)
-        if not separate and not cfg.algorithm.overrides.get("use_tis"):
-            # sampler and trainer share weights (or, under FSDP, the copy gathered after each
-            # step holds the very same values): the correction would be the identity
-            self.algo = dataclasses.replace(self.algo, use_tis=False)
+        self._build_policy()
+        # one place decides TIS: off when the sampler holds the trainer's very weights
+        self.algo = cfg.algorithm.resolve(sampler_shares_weights=self.placement.shares_weights)
         set_chat_template(self.tokenizer, cfg.model.chat_template)
         self.renderer = Renderer(
             self.tokenizer, self.env.tool_schemas, parser=cfg.model.parser,
             keep_reasoning=cfg.model.keep_reasoning,
         )  # fmt: skip
+        self._build_update()
+        self._open_run()
+        self.eval_tasks = self.env.get_tasks("eval", cfg.trainer.eval_tasks, seed=cfg.trainer.seed)
+        self.sampling = SamplingParams(
+            max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+        )  # fmt: skip
+
+    def _build_policy(self) -> None:
+        """The model (LoRA-wrapped when asked), its tokenizer, and where it generates."""
+        from looprl.engines.placement import make_placement
+        from looprl.models.loading import load_model
+
+        cfg = self.cfg
+        model, self.tokenizer = load_model(cfg.model.name, device=str(self.device))
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = S.wrap_lora(model, cfg) if cfg.model.lora else model
+        self.model.eval()
+        self.placement = make_placement(  # before sharding: a copy is taken of the full model
+            self.model, self.tokenizer, cfg.engine, group=self.dist,
+            generate_ahead=cfg.trainer.max_async_steps > 0, seed=cfg.trainer.seed,
+            max_model_len=self.env.limits.max_context_tokens,
+        )  # fmt: skip
+        self._closers.append(self.engine.close)
+
+    @property
+    def engine(self) -> TrainableEngine:
+        """The engine rollouts sample from (the placement's)."""
+        return self.placement.engine
+
+    def _build_update(self) -> None:
+        """Value head, reference model, sharding (under torchrun), optimizer, schedule, context."""
+        cfg = self.cfg
         hidden = int(getattr(self.model, "config").hidden_size)  # noqa: B009
         self.value_head = ValueHead(hidden).to(self.device) if self.algo.uses_value_head else None
-        self.ref_model = S.engine_copy(self.model) if self.algo.kl_coef > 0 else None
+        self.ref_model = frozen_copy(self.model) if self.algo.kl_coef > 0 else None
         dtype = compute_dtype(cfg.model.dtype, self.device, self._warn)  # None: float32
         D.shard_all(self.dist, self.model, self.ref_model, self.value_head, dtype)
         self.optimizer = S.make_optimizer(self.model, self.value_head, cfg.optim)
         self.scheduler = S.make_scheduler(self.optimizer, cfg.optim, cfg.trainer.steps)
         ref = None if self.ref_model is None else D.for_scoring(self.ref_model, self.dist, dtype)
         self.ctx = UpdateContext(
-            model=D.for_scoring(self.model, self.dist, dtype), optimizer=self.optimizer, scheduler=self.scheduler, algo=self.algo,
-            pad_id=self.tokenizer.pad_token_id or 0, device=self.device, temperature=cfg.rollout.temperature,
+            model=D.for_scoring(self.model, self.dist, dtype), optimizer=self.optimizer,
+            scheduler=self.scheduler, algo=self.algo, pad_id=self.tokenizer.pad_token_id or 0,
+            device=self.device, temperature=cfg.rollout.temperature,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
-            updates_per_batch=cfg.algorithm.updates_per_batch, value_head=self.value_head, ref_model=ref, dist=self.dist,
-        )  # fmt: skip
-        self._open_run()
-        self.eval_tasks = self.env.get_tasks("eval", cfg.trainer.eval_tasks, seed=cfg.trainer.seed)
-        self.sampling = SamplingParams(
-            max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+            value_head=self.value_head, ref_model=ref, dist=self.dist,
         )  # fmt: skip
 
     def _open_run(self) -> None:
@@ -155,8 +157,7 @@ class Trainer:
             if self.is_main:
                 record = json.dumps(self._config_record(), indent=2)
                 (self.run_dir / "config.json").write_text(record)
-            if self.cfg.engine.kind != "torch":
-                self._sync(0)  # servers given by URL may hold other weights: send the trainer's
+            self.placement.first_sync(self.model)  # servers by URL may hold other weights
         self.logger: MetricsLogger | D.SilentLogger = D.SilentLogger()
         self.wandb: WandbLogger | None = None  # run.wandb: the logger mirrors rows to it
         if self.is_main:
@@ -188,8 +189,8 @@ class Trainer:
     def _restore(self) -> None:
         from rich.markup import escape
 
-        from looprl.trainer.checkpoint.single import NoIntactCheckpoint
         from looprl.trainer.checkpoint.sharded import resume_any
+        from looprl.trainer.checkpoint.single import NoIntactCheckpoint
 
         try:  # the newest intact checkpoint; damaged newer ones are named and set aside
             resumed = resume_any(  # under torchrun: every rank its shards (sharded checkpoint)
@@ -318,7 +319,7 @@ class Trainer:
                 lambda share: run_groups(
                     self.env, self.engine, share, renderer=self.renderer, config=config,
                     max_concurrent_groups=rc.max_concurrent_groups,
-                ), main_only=self.cfg.engine.kind != "torch",  # servers: rank 0 drives them
+                ), main_only=self.placement.main_only,  # servers: rank 0 alone drives them
             )  # fmt: skip
             if not self.algo.dynamic_sampling:
                 return groups, time.perf_counter() - start, used
@@ -352,20 +353,8 @@ class Trainer:
         return out
 
     def _sync(self, version: int) -> dict[str, float]:
-        """Copy the new weights into the engine's copy (free when they share tensors)."""
-        t0 = time.perf_counter()
-        if isinstance(self.engine, AdapterEngine) and self.engine.takes_adapters:
-            with tempfile.TemporaryDirectory(prefix="looprl-adapter-") as tmp:
-                self.model.save_pretrained(tmp)  # type: ignore[operator]  # the PEFT adapter alone
-                self.engine.load_adapter(Path(tmp), version=version)
-            return {"time/sync": time.perf_counter() - t0}
-        # the in-process engine may sample from the trainer's own tensors: nothing to send
-        shared = self.cfg.engine.kind == "torch" and self.engine_model is self.model
-        weights = None if shared or self.dist else S.merged_state_dict(self.model)
-        if self.dist is not None:  # every rank gathers them for its own engine (LoRA merged)
-            weights = D.full_weights(self.model)
-        self.engine.sync_weights(weights, version=version)  # under the engine's lock
-        return {"time/sync": time.perf_counter() - t0}
+        """The engine samples the new weights from now on, as `version` (the placement's way)."""
+        return self.placement.sync(self.model, version)
 
     def _rollout_metrics(self, groups: list[list[EpisodeResult]], gen_s: float) -> dict[str, float]:
         episodes = [ep for g in groups for ep in g]
@@ -414,8 +403,8 @@ class Trainer:
             self.wandb.log_rollouts(step, episodes)
 
     def _checkpoint(self) -> None:
-        from looprl.trainer.checkpoint.single import save_checkpoint
         from looprl.trainer.checkpoint.sharded import save_sharded
+        from looprl.trainer.checkpoint.single import save_checkpoint
 
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
@@ -453,10 +442,8 @@ class Trainer:
     def _export(self) -> None:
         from looprl.trainer.checkpoint.single import export_hf
 
-        if self.dist is not None and self.cfg.engine.kind != "torch":  # the copy lags the servers
-            self.engine_model.load_state_dict(D.full_weights(self.model))
-        if self.is_main:  # under FSDP rank 0's engine copy holds the full, synced weights
-            model = self.model if self.dist is None else self.engine_model
+        model = self.placement.final_model(self.model)  # under FSDP a full copy: every rank
+        if self.is_main:
             export_hf(model, self.tokenizer, self.run_dir / "final")
             console.print(f"final model: {self.run_dir / 'final'}")
         D.wait_for_main(self.dist)

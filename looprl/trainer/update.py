@@ -54,7 +54,6 @@ class UpdateContext:
     temperature: float
     micro_batch_tokens: int
     grad_clip: float
-    updates_per_batch: int = 1
     value_head: ValueHead | None = None
     ref_model: torch.nn.Module | None = None
     dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
@@ -80,8 +79,7 @@ def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample
     is multiplied by 0. Without `ctx.dist` this is every sample, and no filler.
     """
     mine = D.my_share(samples, ctx.dist)
-    by_length = sorted(mine, key=lambda s: len(s.token_ids))  # similar lengths pad less
-    chunks = [(c, False) for c in micro_batches(by_length, ctx.micro_batch_tokens)]
+    chunks = [(c, False) for c in micro_batches(mine, ctx.micro_batch_tokens)]
     filler = Sample([ctx.pad_id, ctx.pad_id], [0, 1], [0.0, 0.0], advantage=0.0, reward=0.0)
     missing = D.max_over_ranks(ctx.dist, len(chunks)) - len(chunks)
     return chunks + [([filler], True)] * missing
@@ -89,7 +87,7 @@ def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample
 
 def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     """Collate micro-batches and compute old logprobs, reference logprobs, values and GAE."""
-    need_old = ctx.updates_per_batch > 1 or ctx.algo.uses_value_head
+    need_old = ctx.algo.updates_per_batch > 1 or ctx.algo.uses_value_head
     prepared = []
     for chunk, padding in _chunks(ctx, samples):
         p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device), padding=padding)
@@ -189,9 +187,9 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     norm = batch_normalizer(algo.aggregation, masks, max_len=algo.max_len)
     prepared = _prepare(ctx, _with_gradient(algo, samples))
     params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
-    acc = StatsAccumulator(steps=ctx.updates_per_batch)
+    acc = StatsAccumulator(steps=ctx.algo.updates_per_batch)
     grad_norms: list[float] = []
-    for _epoch in range(ctx.updates_per_batch):
+    for _epoch in range(ctx.algo.updates_per_batch):
         ctx.optimizer.zero_grad(set_to_none=True)
         for p in prepared:
             new = _score(
@@ -230,7 +228,7 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     }
     out = _over_ranks(ctx.dist, acc, forward)
     for norm_value in grad_norms:
-        out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / ctx.updates_per_batch
+        out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / ctx.algo.updates_per_batch
     out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
     out["lr"] = float(ctx.scheduler.get_last_lr()[0])
     ctx.model.eval()

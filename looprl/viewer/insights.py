@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from looprl.viewer.jsonl import FLAG_ERROR, FLAG_MALFORMED, FLAG_TRUNCATED, EpisodeFile
+from looprl.viewer.tokens import local_dir
 
 MONITOR_PREFIX = "monitor/"
 
@@ -189,7 +190,6 @@ def eval_anchor(train_path: Path, config: Any, eval_path: Path, meta: Any) -> di
     own held-out evals (`looprl.trainer.metrics.eval_metrics`), so they land on the same charts.
     """
     from looprl.trainer.metrics import eval_metrics
-    from looprl.viewer.tokens import local_dir
 
     start_model, env = _start(config)
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), str):

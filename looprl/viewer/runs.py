@@ -9,7 +9,6 @@ written to. Indexes live in memory and grow as the files grow.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -31,7 +30,7 @@ from looprl.viewer.jsonl import (
     MetricsFile,
 )
 from looprl.viewer.probe import PROBE_FILE, ExploitIndex, probe_problem
-from looprl.viewer.schema import ANY
+from looprl.viewer.schema import read_json
 
 _STEP = re.compile(r"(\d+)")
 ERROR_FILTERS = ("all", "errors", "tool_errors", "truncated", "clean")
@@ -60,15 +59,6 @@ def _step_of(name: str) -> int | None:
 def file_key(source: str, step: int | None) -> str:
     """The API's name for one episode file: `train:12`, `eval:10`, or `eval:-` (no step)."""
     return f"{source}:{'-' if step is None else step}"
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file's content, or None when it is missing, not (yet) valid JSON, or too deep."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return None if ANY.problem(doc, path.name) else doc
 
 
 @dataclass

@@ -8,10 +8,13 @@ message's `role` are required, a task's `prompt` may be a plain string, optional
 null, free-form fields (`info`, `metrics`, `state`, tool arguments) may hold any JSON nested at
 most `MAX_DEPTH` deep. NaN, infinities and integers too large for a float are numbers here (the
 server sends them as null); a token id must fit in 31 bits (every tokenizer's vocabulary does).
+A run's JSON files (`config.json`, `metadata.json`) are read by `read_json` under the free-form rule.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 MAX_DEPTH = 64  # nesting allowed in free-form fields; deeper lines are skipped as malformed
@@ -219,3 +222,12 @@ def episode_problem(ep: Any) -> str | None:
     (see `looprl.viewer.jsonl.episode_summary`) is checked with the same rules as a full line.
     """
     return EPISODE.problem(ep, "")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content, or None when it is missing, not (yet) valid JSON, or too deep."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return None if ANY.problem(doc, path.name) else doc

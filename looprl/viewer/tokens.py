@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol
 
-from looprl.viewer.runs import read_json
+from looprl.viewer.schema import read_json
 
 _MODEL_KEYS = ("model", "model_name", "model_path", "name_or_path", "path", "name", "tokenizer")
 
@@ -92,7 +92,7 @@ def _resolve(name: str, run_path: Path) -> tuple[Path | None, str]:
     return resolved, ""
 
 
-class _FastDecoder:
+class FastDecoder:
     """A `tokenizers.Tokenizer` read straight from `tokenizer.json` (fast to load)."""
 
     def __init__(self, path: Path) -> None:
@@ -105,7 +105,7 @@ class _FastDecoder:
         return str(self._tok.decode(ids, skip_special_tokens=False))
 
 
-class _HFDecoder:
+class HFDecoder:
     """A transformers tokenizer (for directories without `tokenizer.json`, e.g. SentencePiece)."""
 
     def __init__(self, path: Path) -> None:
@@ -121,8 +121,8 @@ class _HFDecoder:
 def _open_tokenizer(path: Path) -> Decoder:
     """`tokenizer.json` through `tokenizers` when present (0.1 s), else transformers (seconds)."""
     if (path / "tokenizer.json").is_file():
-        return _FastDecoder(path / "tokenizer.json")
-    return _HFDecoder(path)
+        return FastDecoder(path / "tokenizer.json")
+    return HFDecoder(path)
 
 
 def load_tokenizer(run_path: Path) -> tuple[Decoder | None, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from looprl.envs.base import ToolEnv
+from looprl import ToolEnv
 from looprl.envs.calculator import load_environment as load_calculator
 
 NEVER = threading.Event()  # never set: `hang` blocks its thread for good

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from looprl.envs.base import Limits, SingleTurnEnv
-from looprl.rubrics import Rubric
-from looprl.types import EpisodeResult, Message, Task
+from looprl import EpisodeResult, Limits, Message, Rubric, SingleTurnEnv, Task
 
 
 def reply_length(episode: EpisodeResult) -> float:

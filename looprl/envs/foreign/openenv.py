@@ -33,7 +33,7 @@ import uuid
 from typing import Any
 
 from looprl.envs.base import Environment, Limits, StepOutcome
-from looprl.envs.foreign import import_module_or_file, require
+from looprl.envs.foreign.common import import_environment_module, require
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
 from looprl.types import EpisodeResult, Message, Task
@@ -84,7 +84,7 @@ def find_class(target: str) -> type:
     from openenv.core.env_server.interfaces import Environment as OpenEnvBase
 
     module_name, _, class_name = target.rpartition(":") if ":" in target else (target, "", "")
-    module = import_module_or_file(module_name)
+    module = import_environment_module(module_name)
     if class_name:
         cls = getattr(module, class_name, None)
         if cls is None:

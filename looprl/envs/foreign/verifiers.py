@@ -27,7 +27,11 @@ from collections.abc import Callable
 from typing import Any
 
 from looprl.envs.base import Environment, Limits, StepOutcome
-from looprl.envs.foreign import import_module_or_file, keep_signal_handlers, require
+from looprl.envs.foreign.common import (
+    import_environment_module,
+    keep_signal_handlers,
+    require,
+)
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
 from looprl.tools.executor import ToolExecutor, count_tool_errors
@@ -57,7 +61,7 @@ def load_verifiers_environment(target: str, **kwargs: Any) -> VerifiersEnv:
     """Import `target` (module, package or .py file), call its `load_environment(**kwargs)` and
     wrap the verifiers environment it returns."""
     vf = require("verifiers", "verifiers", f"verifiers:{target}")
-    module = import_module_or_file(target)
+    module = import_environment_module(target)
     factory = getattr(module, "load_environment", None)
     if not callable(factory):
         raise ValueError(f"verifiers:{target} has no load_environment(**kwargs) function")

@@ -83,6 +83,16 @@ def detect_format(template_text: str) -> str:
     )
 
 
+def get_parser(name: str) -> ToolCallParser:
+    """A parser instance by name (`PARSERS`); unknown names raise ValueError listing the known ones."""
+    try:
+        return PARSERS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
+        ) from None
+
+
 def resolve_parser(name: str, template_text: str) -> ToolCallParser:
     """The parser `name` (`auto`: the one `detect_format` finds in `template_text`)."""
     if name == "auto":

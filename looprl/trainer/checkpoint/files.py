@@ -1,4 +1,4 @@
-"""Checkpoint directory layout: file names, finding a run's checkpoints, crash-safe renames.
+"""Checkpoint directory layout: file names, finding a run's checkpoints, synced writes, renames.
 
 A run's checkpoints live in `run_dir/checkpoints/step_XXXXXX/`; writers build them in scratch
 directories (`step_XXXXXX.tmp-<pid>`, `.NAME.tmp-<pid>`, `.NAME.old-<pid>`) that
@@ -13,6 +13,9 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
+
+import torch
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -61,6 +64,13 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found, reverse=True)]
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int, keep: Path) -> None:
+    """Delete all but the `keep_last` newest checkpoints of a run, never `keep` (the one just saved)."""
+    for _, p in list_checkpoints(run_dir)[:-keep_last]:
+        if p != keep:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def clean_stale_tmp(directory: Path) -> list[Path]:
@@ -125,3 +135,19 @@ def set_aside(path: Path) -> Path:
     os.rename(path, aside)
     fsync_dir(path.parent)
     return aside
+
+
+def torch_save_synced(obj: Any, path: Path) -> None:
+    """`torch.save` `obj` to `path` and fsync it (a checkpoint's `.pt` files)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_text_synced(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` and fsync it (`state.json`, the manifest)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

@@ -32,26 +32,21 @@ from typing import Any, TypeVar
 import torch
 
 from looprl.trainer import distributed as D
-from looprl.trainer.checkpoint.single import (
-    Resumed,
-    _prune,
-    _rng_state,
-    _set_rng_state,
-    _torch_save,
-    _write_text,
-    resume_latest,
-    set_aside_damaged,
-)
 from looprl.trainer.checkpoint.files import (
     COMPLETE,
     STATE_FILE,
     checkpoint_dir,
     clean_stale_tmp,
     fsync_dir,
+    prune_checkpoints,
     set_aside,
     step_dirs,
     swap_into_place,
+    torch_save_synced,
+    write_text_synced,
 )
+from looprl.trainer.checkpoint.rng import rng_state, set_rng_state
+from looprl.trainer.checkpoint.single import Resumed, resume_latest, set_aside_damaged
 from looprl.trainer.checkpoint.verify import (
     MANIFEST_FORMAT,
     CheckpointDamaged,
@@ -95,7 +90,7 @@ def save_sharded(
     try:
         model_sd, optim_sd = _state_dicts(modules, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-        _torch_save(_rng_state(None), tmp / rng_file(d.rank))
+        torch_save_synced(rng_state(None), tmp / rng_file(d.rank))
     except Exception as exc:
         problem = exc
     failed = [e for e in D.gather_objects(d, problem and f"rank {d.rank}: {problem}") if e]
@@ -106,17 +101,19 @@ def save_sharded(
 
     def seal() -> Path:
         state = {**extra_state, "step": step}
-        _torch_save(scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt")
-        _write_text(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
+        torch_save_synced(
+            scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
+        )
+        write_text_synced(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
         files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}
         meta = {"format": MANIFEST_FORMAT, "step": step, "weights": "sharded", "world": d.world,
                 "time": time.time(), "files": files}  # fmt: skip
-        _write_text(tmp / COMPLETE, json.dumps(meta, indent=1))
+        write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
         fsync_dir(tmp)
         _keep_if_damaged(final, d.world)
         swap_into_place(tmp, final)
         if keep_last is not None:
-            _prune(run_dir, keep_last, keep=final)
+            prune_checkpoints(run_dir, keep_last, keep=final)
         return final
 
     return _on_main(d, seal, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True))
@@ -138,7 +135,7 @@ def resume_sharded(
     the scheduler and its own RNG states. Raises `NoIntactCheckpoint` when none is intact and
     `WorldSizeMismatch` when the checkpoint was written by another number of processes.
     """
-    found = _on_main(d, lambda: _find_intact(run_dir, d.world, warn))
+    found = _on_main(d, lambda: find_intact(run_dir, d.world, warn))
     if found is None:
         return None
     import torch.distributed.checkpoint as dcp
@@ -153,7 +150,7 @@ def resume_sharded(
     )  # fmt: skip
     if scheduler is not None:
         scheduler.load_state_dict(_load(found.path / "scheduler.pt"))
-    _set_rng_state(_load(found.path / rng_file(d.rank)), None)
+    set_rng_state(_load(found.path / rng_file(d.rank)), None)
     return found
 
 
@@ -193,7 +190,12 @@ def check_resume_world(run_dir: str | Path, world: int) -> None:
         return
 
 
-def _find_intact(run_dir: str | Path, world: int, warn: Warn) -> Resumed | None:
+def find_intact(run_dir: str | Path, world: int, warn: Warn) -> Resumed | None:
+    """The newest sharded checkpoint of `run_dir` written by `world` processes that verifies, with
+    the damaged newer ones moved aside (each `warn`ed about); None when the run has none.
+
+    Raises `NoIntactCheckpoint` when there are checkpoints but none is intact.
+    """
     tried: list[tuple[Path, str]] = []
     for path in step_dirs(run_dir):
         try:

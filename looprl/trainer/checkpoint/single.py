@@ -22,9 +22,10 @@ and parses every file it will use before it changes the model, so a damaged chec
 `resume_latest` goes from the newest checkpoint to older ones until one is intact, and moves
 the damaged newer ones aside (`step_000120.damaged`), never deleting them.
 
-This module saves, loads, resumes and exports. The directory layout and crash-safe renames live
-in `looprl.trainer.checkpoint.files`, the manifest and its verification in
-`looprl.trainer.checkpoint.verify`; their public names are re-exported here. Under torchrun
+This module saves, loads, resumes and exports. The directory layout, synced writes and
+crash-safe renames live in `looprl.trainer.checkpoint.files`, the RNG state in
+`looprl.trainer.checkpoint.rng`, the manifest and its verification in
+`looprl.trainer.checkpoint.verify`; the public names of the first and last are re-exported here. Under torchrun
 with several processes checkpoints are sharded instead (`looprl.trainer.checkpoint.sharded`):
 the same directory, temp-dir-and-rename and manifest, with `torch.distributed.checkpoint` files.
 """
@@ -34,7 +35,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import shutil
 import time
 from collections.abc import Mapping
@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
@@ -59,10 +58,14 @@ from looprl.trainer.checkpoint.files import (
     fsync_dir,
     latest_checkpoint,
     list_checkpoints,
+    prune_checkpoints,
     set_aside,
     step_dirs,
     swap_into_place,
+    torch_save_synced,
+    write_text_synced,
 )
+from looprl.trainer.checkpoint.rng import rng_state, set_rng_state
 from looprl.trainer.checkpoint.verify import (
     HASH,
     HASHES,
@@ -163,10 +166,12 @@ def save_checkpoint(
     try:
         tmp.mkdir()
         _save_weights(tmp, model, value_head, adapter_only)
-        _torch_save(optimizer.state_dict(), tmp / "optimizer.pt")
-        _torch_save(scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt")
-        _torch_save(_rng_state(generators), tmp / "rng.pt")
-        _write_text(tmp / STATE_FILE, state_text)
+        torch_save_synced(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch_save_synced(
+            scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
+        )
+        torch_save_synced(rng_state(generators), tmp / "rng.pt")
+        write_text_synced(tmp / STATE_FILE, state_text)
         files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}  # fsync + size + hash
         meta = {
             "format": MANIFEST_FORMAT,
@@ -175,7 +180,7 @@ def save_checkpoint(
             "time": time.time(),
             "files": files,
         }
-        _write_text(tmp / COMPLETE, json.dumps(meta, indent=1))
+        write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
         fsync_dir(tmp)
         _keep_if_damaged(final)
         swap_into_place(tmp, final)
@@ -183,7 +188,7 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     if keep_last is not None:
-        _prune(run_dir, keep_last, keep=final)
+        prune_checkpoints(run_dir, keep_last, keep=final)
     return final
 
 
@@ -233,7 +238,7 @@ def load_checkpoint(
     if scheduler is not None:
         scheduler.load_state_dict(found.torch["scheduler.pt"])
     if restore_rng:
-        _set_rng_state(found.torch["rng.pt"], generators)
+        set_rng_state(found.torch["rng.pt"], generators)
     return found.state
 
 
@@ -385,61 +390,11 @@ def _load_module(module: torch.nn.Module, file: Path) -> None:
         ) from e
 
 
-def _rng_state(generators: Mapping[str, torch.Generator] | None) -> dict[str, Any]:
-    np_state = np.random.get_state(legacy=False)
-    assert isinstance(np_state, dict)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
-    }
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], generators: Mapping[str, torch.Generator] | None) -> None:
-    random.setstate(state["python"])
-    npd = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": npd["bit_generator"],
-            "state": {"key": npd["key"].numpy().astype(np.uint32), "pos": npd["pos"]},
-            "has_gauss": npd["has_gauss"],
-            "gauss": npd["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, device)
-    saved = state["generators"]
-    for name, gen in (generators or {}).items():
-        if name not in saved:
-            raise KeyError(
-                f"checkpoint has no state for generator {name!r}; saved: {sorted(saved)}"
-            )
-        gen.set_state(saved[name])
-
-
 def _merged_copy(model: torch.nn.Module) -> Any:
     if not _is_peft(model):
         return model
     merged: Any = copy.deepcopy(model)
     return merged.merge_and_unload()
-
-
-def _prune(run_dir: str | Path, keep_last: int, keep: Path) -> None:
-    found = list_checkpoints(run_dir)
-    for _, p in found[:-keep_last]:
-        if p != keep:
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def _keep_if_damaged(final: Path) -> None:
@@ -454,20 +409,6 @@ def _keep_if_damaged(final: Path) -> None:
             f"checkpoint {final.name} is damaged ({e.reason}); moved it to {aside.name} for "
             "inspection instead of overwriting it"
         )
-
-
-def _torch_save(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _fsync_file(path: Path) -> None:

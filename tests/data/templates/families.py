@@ -94,11 +94,11 @@ async def measure(
     env_name: str, family: str, template: str | None, think: bool, tasks: int, keep: bool = True
 ) -> dict[str, float]:
     """Mean tokens, segments and re-rendered prompt tokens per episode of a teacher's play."""
-    from looprl.sft import teachers
     from looprl.engines.scripted import ScriptedEngine
     from looprl.envs.registry import load_environment
     from looprl.rendering.renderer import Renderer
     from looprl.rollout.loop import rollout
+    from looprl.sft import teachers
 
     tok = family_tokenizer(family, chat_template=template)
     env = load_environment(env_name)

@@ -1,0 +1,255 @@
+"""Placement: where generation runs and how the trainer's weights reach it, chosen once at start-up.
+
+`make_placement` reads the `[engine]` section, the model being trained (plain or PEFT LoRA),
+whether batches are generated ahead of the update (`trainer.max_async_steps > 0`) and the
+process group (None with one process), and returns one of five kinds. The training loop calls
+`placement.sync(model, version)` after every update and never asks which kind it holds.
+
+| kind       | when                                      | samples on                  | after each step              |
+|------------|-------------------------------------------|-----------------------------|------------------------------|
+| `shared`   | torch, full weights, on-policy, 1 process | the trainer's own tensors   | nothing to send              |
+| `copy`     | torch with LoRA, `max_async_steps > 0`,   | a frozen copy (every rank   | the merged full weights are  |
+|            | or under FSDP                             | its own, full)              | copied in (gathered: FSDP)   |
+| `servers`  | vllm, full weights (rank 0 under FSDP)    | vLLM servers                | merged full weights sent     |
+| `adapters` | vllm with LoRA (one process)              | vLLM servers + adapters     | the PEFT adapter hot-loaded  |
+| `follower` | vllm, ranks other than 0 under FSDP       | nothing: rank 0 hands out   | its part of rank 0's gather  |
+|            |                                           | the batch                   |                              |
+
+`shares_weights` is True when the sampler holds the trainer's very values (`shared`, and `copy`
+under FSDP with full weights, on-policy): then pi_trainer / pi_sampler = 1 and truncated
+importance sampling would be the identity. `main_only` is True when rank 0 alone generates.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from torch import nn
+
+from looprl.engines.base import AdapterEngine, GenerationRequest, TrainableEngine
+from looprl.engines.config import EngineSection
+from looprl.engines.factory import make_trainable_engine, vllm_engine
+from looprl.models.weights import frozen_copy, lora_config, merged_weights
+from looprl.types import Generation
+
+
+class ProcessGroup(Protocol):
+    """This process's place among several under torchrun (the trainer's `Dist`)."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: it alone drives remote servers, logs and exports."""
+        ...
+
+
+class Placement(ABC):
+    """Where generation runs and how weights reach it (see the module doc); `make_placement` builds one.
+
+    `engine` is what rollouts sample from; `sync` after each update makes it sample the new
+    weights as that policy version and returns `{"time/sync": seconds}`. `shares_weights`: the
+    sampler holds the trainer's very values, so TIS would be the identity.
+    """
+
+    kind: ClassVar[str]
+    main_only: ClassVar[bool] = False
+    """Rank 0 alone generates and hands every rank the batch (it drives remote servers)."""
+    built_from_model: ClassVar[bool] = True
+    """The engine starts with the model's weights (else a fresh run sends them first)."""
+
+    def __init__(self, engine: TrainableEngine, *, shares_weights: bool = False) -> None:
+        self.engine = engine
+        self.shares_weights = shares_weights
+
+    def sync(self, model: nn.Module, version: int) -> dict[str, float]:
+        """After an update: the engine samples `model`'s weights from now on, as `version`."""
+        t0 = time.perf_counter()
+        self._send(model, version)
+        return {"time/sync": time.perf_counter() - t0}
+
+    @abstractmethod
+    def _send(self, model: nn.Module, version: int) -> None:
+        """Bring `model`'s weights to the engine (the kind's own way)."""
+
+    def first_sync(self, model: nn.Module) -> None:
+        """Before step 1 of a fresh run: send `model`'s weights as version 0 unless the engine
+        was built from them (servers given by URL may hold other weights)."""
+        if not self.built_from_model:
+            self.sync(model, 0)
+
+    def final_model(self, model: nn.Module) -> nn.Module:
+        """The model rank 0 exports at the end: the trained one (the export merges LoRA)."""
+        return model
+
+
+class SharedPlacement(Placement):
+    """The torch engine samples from the trainer's own tensors: an optimizer step is already its."""
+
+    kind = "shared"
+
+    def _send(self, model: nn.Module, version: int) -> None:
+        self.engine.sync_weights(None, version=version)  # only the version moves
+
+
+class CopyPlacement(Placement):
+    """The torch engine samples from its own frozen copy, overwritten with the merged weights
+    after each step. Under FSDP every rank gathers them into its full copy (each samples its
+    share of the groups), and rank 0 exports that copy."""
+
+    kind = "copy"
+
+    def __init__(
+        self, engine: TrainableEngine, copy: nn.Module, *, shares_weights: bool, sharded: bool
+    ) -> None:
+        super().__init__(engine, shares_weights=shares_weights)
+        self.copy = copy
+        self.sharded = sharded
+
+    def _send(self, model: nn.Module, version: int) -> None:
+        self.engine.sync_weights(merged_weights(model), version=version)
+
+    def final_model(self, model: nn.Module) -> nn.Module:
+        """The copy under FSDP (full, synced after the last step), else the trained model."""
+        return self.copy if self.sharded else model
+
+
+class ServerPlacement(Placement):
+    """vLLM servers that rank 0 alone drives; after each step the merged full weights are
+    written to RAM and reloaded by every server (under FSDP every rank takes part in the
+    gather). `copy`, under FSDP only, is rank 0's full model to export: it lags the servers and
+    is refreshed at the end."""
+
+    kind = "servers"
+    main_only = True
+    built_from_model = False  # servers given by URL may hold other weights
+
+    def __init__(self, engine: TrainableEngine, copy: nn.Module | None) -> None:
+        super().__init__(engine)
+        self.copy = copy
+
+    def _send(self, model: nn.Module, version: int) -> None:
+        self.engine.sync_weights(merged_weights(model), version=version)
+
+    def final_model(self, model: nn.Module) -> nn.Module:
+        """Under FSDP the copy, loaded with the gathered weights (every rank gathers)."""
+        if self.copy is None:
+            return model
+        self.copy.load_state_dict(merged_weights(model))
+        return self.copy
+
+
+class AdapterPlacement(Placement):
+    """vLLM servers started with `--enable-lora` on the base weights; after each step the PEFT
+    adapter alone is saved and hot-loaded as `policy-vN` (one process only)."""
+
+    kind = "adapters"
+    main_only = True
+    built_from_model = False  # servers given by URL may hold another adapter
+
+    def __init__(self, engine: AdapterEngine) -> None:
+        super().__init__(engine)
+        self.adapters = engine
+
+    def _send(self, model: nn.Module, version: int) -> None:
+        with tempfile.TemporaryDirectory(prefix="looprl-adapter-") as tmp:
+            model.save_pretrained(tmp)  # type: ignore[operator]  # the PEFT adapter alone
+            self.adapters.load_adapter(Path(tmp), version=version)
+
+
+class FollowerEngine:
+    """The engine of ranks other than 0 when rank 0 drives remote servers: it samples nothing
+    (rank 0 hands every rank the batch) and only follows the policy version."""
+
+    token_level = True
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        """Never called: only rank 0 samples."""
+        raise RuntimeError("only rank 0 samples when it drives remote servers")
+
+    def sync_weights(self, weights: Any, *, version: int | None = None) -> None:
+        """Nothing to load (rank 0 sends the weights); the version moves."""
+        self.policy_version = self.policy_version + 1 if version is None else version
+
+    async def close(self) -> None:
+        """Nothing to release."""
+        return None
+
+
+class FollowerPlacement(Placement):
+    """Ranks other than 0 under FSDP with vLLM: no engine of their own, no copy; each sync and
+    the final export take part in the gather of the full weights that rank 0 sends or saves."""
+
+    kind = "follower"
+    main_only = True
+    built_from_model = False  # takes part in rank 0's first sync
+
+    def __init__(self) -> None:
+        super().__init__(FollowerEngine())
+
+    def _send(self, model: nn.Module, version: int) -> None:
+        merged_weights(model)  # rank 0's gather is a collective: every rank takes part
+        self.engine.sync_weights(None, version=version)
+
+    def final_model(self, model: nn.Module) -> nn.Module:
+        """Take part in rank 0's gather for its export; the sharded model stays unexported here."""
+        merged_weights(model)
+        return model
+
+
+def refusal(engine: EngineSection, *, lora: bool, sharded: bool) -> str | None:
+    """Why this placement cannot run under several processes (`sharded`), naming the fix; None
+    when it can. vLLM's LoRA adapters would need rank 0 to gather the adapter alone: not done."""
+    if sharded and lora and engine.kind == "vllm":
+        return (
+            "model.lora = true with engine.kind = 'vllm' (train all weights, use engine.kind = "
+            "'torch', or use one process)"
+        )
+    return None
+
+
+def make_placement(
+    model: nn.Module,
+    tokenizer: Any,
+    engine: EngineSection,
+    *,
+    group: ProcessGroup | None = None,
+    generate_ahead: bool = False,
+    seed: int = 0,
+    max_model_len: int = 2048,
+) -> Placement:
+    """The placement of `model` (plain, or PEFT LoRA: the adapters are the LoRA settings).
+
+    `group` is this process's group under torchrun (None: one process, unsharded);
+    `generate_ahead` is `max_async_steps > 0` (the engine then needs weights of its own);
+    `max_model_len` bounds a vLLM server's context. Build it before the model is sharded.
+    """
+    lora = lora_config(model)
+    why = refusal(engine, lora=lora is not None, sharded=group is not None)
+    if why:
+        raise ValueError(f"not supported with several processes: {why}")
+    if engine.kind == "vllm":
+        if group is not None and not group.is_main:
+            return FollowerPlacement()
+        served = vllm_engine(
+            tokenizer, engine, model=model, max_model_len=max_model_len, seed=seed,
+            lora_rank=None if lora is None else lora.r,
+        )  # fmt: skip
+        if lora is not None:
+            return AdapterPlacement(served)
+        return ServerPlacement(served, frozen_copy(model) if group is not None else None)
+    own = lora is not None or generate_ahead or group is not None
+    sampled = frozen_copy(model) if own else model
+    torch_engine = make_trainable_engine(
+        "torch", model=sampled, tokenizer=tokenizer, max_batch_size=engine.max_concurrency,
+        seed=seed,
+    )  # fmt: skip
+    if not own:
+        return SharedPlacement(torch_engine, shares_weights=True)
+    same = lora is None and not generate_ahead  # under FSDP the gathered copy holds the values
+    return CopyPlacement(torch_engine, sampled, shares_weights=same, sharded=group is not None)
