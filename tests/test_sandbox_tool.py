@@ -24,8 +24,11 @@ class _ScriptedExecutor(Executor):
         self.calls: list[tuple[str, str | None, float | None, str | None]] = []
 
     async def execute(self, code, *, session_id=None, timeout=None, caller=None):
-        self.calls.append((code, session_id, timeout, caller))
+        self.calls.append((code, session_id, timeout, caller))  # the arguments as the tool gave them
         return self.result
+
+    async def _run(self, code, session_id, timeout, who):
+        raise AssertionError("execute is overridden: the raw arguments are what this test checks")
 
     def isolation_report(self) -> IsolationReport:
         return IsolationReport("scripted", "weak")

@@ -184,7 +184,6 @@ class Executor(abc.ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook, most backends start lazily
         """Start workers or connections now instead of at the first call."""
 
-    @abc.abstractmethod
     async def execute(
         self,
         code: str,
@@ -198,8 +197,19 @@ class Executor(abc.ABC):
         `caller` names who is asking (an episode id): a pool shares its workers fairly between
         callers, so one caller's backlog of long calls does not hold up another caller's quick
         call (see `looprl.sandbox.fair`). Default: the session id; a call with neither counts
-        as a caller of its own.
+        as a caller of its own. Raises TypeError for code that is not a str and ValueError for
+        a timeout that is not positive (None: the limits' default).
         """
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        t = self._timeout(timeout)
+        return await self._run(code, session_id, t, self._caller(caller, session_id))
+
+    @abc.abstractmethod
+    async def _run(
+        self, code: str, session_id: str | None, timeout: float, who: Hashable
+    ) -> ExecResult:
+        """The backend's own `execute`: arguments already checked, `who` the fair-share key."""
 
     async def close_session(self, session_id: str) -> None:  # noqa: B027 - stateless backends
         """Forget a session and free its interpreter (unknown ids are ignored)."""

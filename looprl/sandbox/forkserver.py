@@ -298,20 +298,9 @@ class ForkServerExecutor(Executor):
         while len(self._evicted) > 4 * self.max_sessions:
             self._evicted.pop(next(iter(self._evicted)))
 
-    async def execute(
-        self,
-        code: str,
-        *,
-        session_id: str | None = None,
-        timeout: float | None = None,
-        caller: str | None = None,
-    ) -> ExecResult:
+    async def _run(self, code: str, session_id: str | None, t: float, who: Hashable) -> ExecResult:
         """Run `code` in a fresh child, or in the session's interpreter when `session_id` is given."""
-        t = self._timeout(timeout)
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
         await self.start()
-        who = self._caller(caller, session_id)
         note, sess = "", None
         if session_id is None:
             w = await self._acquire(who, None)

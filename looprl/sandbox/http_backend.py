@@ -19,6 +19,7 @@ import base64
 import json
 import secrets
 import time
+from collections.abc import Hashable
 from typing import Any
 
 import httpx
@@ -101,16 +102,8 @@ class HttpExecutor(Executor):
             cells=payload, marker=self._marker, max_value=self.limits.max_value_chars
         )
 
-    async def execute(
-        self,
-        code: str,
-        *,
-        session_id: str | None = None,
-        timeout: float | None = None,
-        caller: str | None = None,
-    ) -> ExecResult:
+    async def _run(self, code: str, session_id: str | None, t: float, who: Hashable) -> ExecResult:
         """Send the code (after the session's earlier cells) and map the answer to an ExecResult."""
-        t, who = self._timeout(timeout), self._caller(caller, session_id)
         slot = await self._slots.acquire(who)
         try:
             return await self._execute(code, session_id, t)

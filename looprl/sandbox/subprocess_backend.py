@@ -21,6 +21,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -218,23 +219,14 @@ class SubprocessExecutor(Executor):
         finally:
             self._finish(proc, child)
 
-    async def execute(
-        self,
-        code: str,
-        *,
-        session_id: str | None = None,
-        timeout: float | None = None,
-        caller: str | None = None,
-    ) -> ExecResult:
+    async def _run(self, code: str, session_id: str | None, t: float, who: Hashable) -> ExecResult:
         """Run `code` in a new interpreter, or in the session's interpreter."""
-        t = self._timeout(timeout)
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # asyncio primitives belong to one loop: renew them
             self._loop = loop
             self._sessions = {
                 sid: (p, c, asyncio.Lock()) for sid, (p, c, _) in self._sessions.items()
             }
-        who = self._caller(caller, session_id)
         slot = await self._slots.acquire(who)
         try:
             if session_id is None:
