@@ -27,10 +27,11 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 LENGTH_ENV = str(HERE / "envs" / "length_env.py")
 FAULT = str(HERE / "envs" / "dist_fault.py")
-# measured on 2 CPU processes (2 Adam steps, lr 1e-3, 2.47M weights): median difference 1.2e-10,
-# 99.99% of weights within 1.5e-7, 26 above 1e-6, the largest 1.3e-5 (1.3% of one step): where a
-# gradient is near 0, Adam's g / sqrt(v) turns float32 summation-order noise into a visible step
-WEIGHT_MAX_DIFF = 5e-5
+# 2 Adam steps (lr 1e-3) over 2.47M weights on 2 CPU processes: the median difference is ~1e-10
+# and 26 weights differ by more than 1e-6, by up to 7.2e-5 on this machine (1.3e-5 on another):
+# where a gradient is near 0, Adam's g / sqrt(v) turns float32 summation-order noise into a
+# visible part of one step. The bound is a tenth of a step; the share of such weights is checked too
+WEIGHT_MAX_DIFF = 1e-4
 # a resumed 2-process run against an uninterrupted one (DCP restores weights, AdamW moments,
 # scheduler and RNG exactly): measured, the final weights are identical and the metrics too in
 # two of three runs; in one a logged metric differed by 2.7e-8 (float32 summation-order noise)

@@ -41,8 +41,8 @@ class Batch:
         and the episodes dropped as too stale."""
         return {
             "time/generate": self.seconds,
-            "staleness": float(self.staleness(step)),
-            "stale_dropped": float(self.dropped),
+            "rollout/staleness": float(self.staleness(step)),
+            "rollout/stale_dropped": float(self.dropped),
         }
 
     def staleness(self, step: int) -> int:

@@ -1,7 +1,9 @@
 """Training metrics to `metrics.jsonl`, TensorBoard and one Rich console line per step; rollout dumps.
 
 Metric keys are declared once, in `looprl.trainer.metrics.METRICS` (listed in docs/metrics.md);
-the logger writes whatever it is given, and a test holds the trainer to that vocabulary.
+the logger writes whatever it is given, and a test holds the trainer to that vocabulary. Rows read
+back (`read_metrics`, a resume) have the bare names of runs written before the namespaces
+renamed (`looprl.trainer.metrics.upgrade_row`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.markup import escape
 
 from looprl.console import LINE_WIDTH  # step lines fit in it; parts that would not are left out
 from looprl.files import write_text_atomically
+from looprl.trainer.metrics import upgrade_row
 from looprl.trainer.wandb_logger import resolve_mode
 from looprl.types import EpisodeResult
 
@@ -37,15 +40,15 @@ SEP = " │ "
 # (key, console label, format) of the optional metrics on the step line, most wanted first;
 # the line keeps as many as fit in LINE_WIDTH, after the reward functions.
 _CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("loss", "loss", "{:+.4f}"),
-    ("entropy", "ent", "{:.3f}"),
-    ("kl", "kl", "{:.2e}"),
-    ("grad_norm", "gnorm", "{:.3f}"),
-    ("clip_frac", "clip", "{:.3f}"),
-    ("zero_var_frac", "0var", "{:.2f}"),
-    ("mismatch_kl", "mkl", "{:.1e}"),
-    ("tokens_per_s", "tok/s", "{:.0f}"),
-    ("lr", "lr", "{:.1e}"),
+    ("loss/total", "loss", "{:+.4f}"),
+    ("policy/entropy", "ent", "{:.3f}"),
+    ("policy/kl", "kl", "{:.2e}"),
+    ("train/grad_norm", "gnorm", "{:.3f}"),
+    ("policy/clip_frac", "clip", "{:.3f}"),
+    ("train/zero_var_frac", "0var", "{:.2f}"),
+    ("policy/mismatch_kl", "mkl", "{:.1e}"),
+    ("rollout/tokens_per_s", "tok/s", "{:.0f}"),
+    ("train/lr", "lr", "{:.1e}"),
 )
 _TIMES = (("generate", "gen"), ("score", "score"), ("train", "train"), ("sync", "sync"))
 
@@ -324,7 +327,8 @@ def save_rollouts(
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a `metrics.jsonl` file; lines that are not complete JSON objects are skipped.
+    """The rows of a `metrics.jsonl` file, old metric names renamed (`upgrade_row`); lines that
+    are not complete JSON objects are skipped.
 
     It skips where `looprl.files.iter_jsonl` raises: the trainer appends to this file while the
     viewer and the monitors read it, and a kill can leave its last line cut short.
@@ -337,7 +341,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     for line in text.splitlines(keepends=True):
         row = _parse_row(line)
         if row is not None:
-            rows.append(row)
+            rows.append(upgrade_row(row))
     return rows
 
 
@@ -354,17 +358,14 @@ def _parse_row(line: str) -> dict[str, Any] | None:
 
 
 def _truncate_metrics(path: Path, resume_step: int) -> float:
-    """Keep only rows with step <= resume_step (rewritten atomically); return the last wall_time."""
-    if not path.is_file():
-        return 0.0
-    kept = [
-        line
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True)
-        if (row := _parse_row(line)) is not None and row["step"] <= resume_step
-    ]
-    write_text_atomically(path, "".join(kept))
-    last = _parse_row(kept[-1]) if kept else None
-    wall = last.get("wall_time") if last else None
+    """Keep only rows with step <= resume_step; return the last wall_time.
+
+    The file is rewritten atomically with old metric names renamed, so a run started before the
+    namespaces continues with one set of names.
+    """
+    kept = [row for row in read_metrics(path) if row["step"] <= resume_step]
+    write_text_atomically(path, "".join(json.dumps(row) + "\n" for row in kept))
+    wall = kept[-1].get("wall_time") if kept else None
     return float(wall) if isinstance(wall, int | float) else 0.0
 
 

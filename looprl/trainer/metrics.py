@@ -1,15 +1,27 @@
-"""The training metric vocabulary, declared once: names, meanings, and how a `Summary` becomes them.
+"""The training metric vocabulary, declared once: names, meanings, and how a step's numbers become them.
 
 Every key a training run writes to `metrics.jsonl` matches one entry of `METRICS` (a `<...>` part
 stands for a reward function, an environment or a k); `tests/test_metrics_vocabulary.py` checks
 that a real run emits nothing else and that docs/metrics.md lists exactly these names.
+
+Each key lives in a namespace saying where it comes from: `reward/` and `env/` (the batch's
+rewards), `rollout/` (its episodes), `loss/` (the terms of the objective), `policy/` (how the
+policy moved: KL, entropy, clipping, ratios, the sampler/trainer gap), `value/` (PPO's critic),
+`train/` (the optimizer step and the batch it trained on), `time/`, `eval/` (held-out
+evaluation) and `monitor/` (the reward-hacking monitors' 0/1 flags, nothing else). `step` and
+`wall_time` are the logger's own.
+
+`OLD_NAMES` maps the bare names of runs written before the namespaces to their keys; every
+reader of an existing `metrics.jsonl` passes its rows through `upgrade_row`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
-from looprl.eval.summary import Summary
+from looprl.types import Summary
 
 METRICS: dict[str, str] = {
     # the batch's episodes (looprl.eval.summary.summarize)
@@ -18,50 +30,50 @@ METRICS: dict[str, str] = {
     "reward/<fn>": "mean of one reward function or zero-weight metric",
     "env/<env>/reward": "mean reward of one environment of a mixture",
     "env/<env>/<fn>": "mean of one reward function of one environment of a mixture",
-    "turns": "assistant turns per episode",
-    "tool_calls": "tool calls per episode (malformed ones included)",
-    "truncated_frac": "fraction of episodes cut by a limit",
-    "rollout_errors": "episodes whose rollout failed (environment or infrastructure)",
-    "infra_errors": "of those, infrastructure faults (engine, server, hung tool, timeout)",
-    "scoring_errors": "episodes where a reward function raised",
-    "tokens_per_s": "generated tokens per second of generation time",
-    "gen_tokens": "tokens generated in the step",
-    # the update (looprl.trainer.update, looprl.algorithms.objective)
-    "loss": "total loss, averaged over micro-batches",
-    "pg_loss": "the policy-gradient term of it",
-    "kl": "KL to the reference model on trained tokens (when kl_coef > 0)",
-    "kl_loss": "the KL term of the loss (when kl_coef > 0)",
-    "entropy": "mean token entropy of the policy on trained tokens",
-    "entropy_loss": "the entropy bonus term of the loss (when its coefficient is set)",
-    "clip_frac": "fraction of trained tokens whose ratio was clipped",
-    "clip_frac_low": "of those, clipped below (ratio < 1 - eps_low)",
-    "clip_frac_high": "of those, clipped above (ratio > 1 + eps_high)",
-    "ratio_mean": "mean importance ratio pi/pi_old on trained tokens",
-    "ratio_min": "its minimum",
-    "ratio_max": "its maximum",
-    "mismatch_kl": "KL between the sampler's and the trainer's logprobs on sampled tokens",
-    "logprob_gap": "mean |trainer logprob - sampler logprob| on trained tokens (the sync check)",
-    "tis_weight_mean": "mean truncated importance-sampling weight (when TIS is on)",
-    "tis_clip_frac": "fraction of tokens whose TIS weight was truncated",
-    "value_loss": "value-head loss (ppo)",
-    "value_mean": "mean value prediction (ppo)",
-    "value_clip_frac": "fraction of value predictions clipped (ppo)",
-    "return_mean": "mean GAE return (ppo)",
-    "grad_norm": "global gradient norm before clipping",
-    "lr": "learning rate after the step",
-    "skipped": "1 when no sample had a non-zero advantage, so no update ran",
-    "train_tokens": "sampled tokens trained on",
-    "forward_tokens": "tokens through forward and backward",
-    "forward_positions": "positions through forward (prompt and tool tokens included)",
-    "adv_mean": "mean advantage of the samples",
-    "adv_abs_mean": "mean absolute advantage",
-    "groups_used": "groups the advantages were computed over",
-    "zero_var_frac": "fraction of groups whose rewards were all equal",
-    "keep_frac": "fraction of samples kept for the update",
-    "train_tokens_per_s": "forward tokens per second of update time",
+    "rollout/turns": "assistant turns per episode",
+    "rollout/tool_calls": "tool calls per episode (malformed ones included)",
+    "rollout/truncated_frac": "fraction of episodes cut by a limit",
+    "rollout/errors": "episodes whose rollout failed (environment or infrastructure)",
+    "rollout/infra_errors": "of those, infrastructure faults (engine, server, hung tool, timeout)",
+    "rollout/scoring_errors": "episodes where a reward function raised",
+    "rollout/gen_tokens": "tokens generated in the step",
+    "rollout/tokens_per_s": "generated tokens per second of generation time",
     # bounded-staleness async (trainer.max_async_steps)
-    "staleness": "updates between the policy that sampled the batch and the one it trains",
-    "stale_dropped": "episodes dropped as staler than max_async_steps",
+    "rollout/staleness": "updates between the policy that sampled the batch and the one it trains",
+    "rollout/stale_dropped": "episodes dropped as staler than max_async_steps",
+    # the update (looprl.trainer.update, looprl.algorithms.objective)
+    "loss/total": "total loss, averaged over micro-batches",
+    "loss/pg": "the policy-gradient term of it",
+    "loss/kl": "the KL term of the loss (when kl_coef > 0)",
+    "loss/entropy": "the entropy bonus term of the loss (when its coefficient is set)",
+    "loss/value": "the value-head term of the loss (ppo)",
+    "policy/kl": "KL to the reference model on trained tokens (when kl_coef > 0)",
+    "policy/entropy": "mean token entropy of the policy on trained tokens",
+    "policy/clip_frac": "fraction of trained tokens whose ratio was clipped",
+    "policy/clip_frac_low": "of those, clipped below (ratio < 1 - eps_low)",
+    "policy/clip_frac_high": "of those, clipped above (ratio > 1 + eps_high)",
+    "policy/ratio_mean": "mean importance ratio pi/pi_old on trained tokens",
+    "policy/ratio_min": "its minimum",
+    "policy/ratio_max": "its maximum",
+    "policy/mismatch_kl": "KL between the sampler's and the trainer's logprobs on sampled tokens",
+    "policy/logprob_gap": "mean |trainer logprob - sampler logprob| on trained tokens (the sync check)",
+    "policy/tis_weight_mean": "mean truncated importance-sampling weight (when TIS is on)",
+    "policy/tis_clip_frac": "fraction of tokens whose TIS weight was truncated",
+    "value/mean": "mean value prediction (ppo)",
+    "value/clip_frac": "fraction of value predictions clipped (ppo)",
+    "value/return_mean": "mean GAE return (ppo)",
+    "train/grad_norm": "global gradient norm before clipping",
+    "train/lr": "learning rate after the step",
+    "train/skipped": "1 when no sample had a non-zero advantage, so no update ran",
+    "train/tokens": "sampled tokens trained on",
+    "train/forward_tokens": "tokens through forward and backward",
+    "train/forward_positions": "positions through forward (prompt and tool tokens included)",
+    "train/tokens_per_s": "forward tokens per second of update time",
+    "train/adv_mean": "mean advantage of the samples",
+    "train/adv_abs_mean": "mean absolute advantage",
+    "train/groups_used": "groups the advantages were computed over",
+    "train/zero_var_frac": "fraction of groups whose rewards were all equal",
+    "train/keep_frac": "fraction of samples kept for the update",
     # time, seconds
     "time/generate": "rolling out the step's groups",
     "time/score": "scoring them",
@@ -83,15 +95,72 @@ METRICS: dict[str, str] = {
     "monitor/length_blowup": "1 when tokens or turns per episode jumped above monitors.length_ratio x their baseline",
     "monitor/tool_call_spike": "1 when tool calls per episode jumped above monitors.tool_call_ratio x their baseline",
     "monitor/format_only_reward": "1 when more than monitors.format_only_max of the episodes were paid by format alone",
-    "monitor/entropy_collapse": "1 when entropy fell below monitors.entropy_ratio x its level over the first steps",
-    "monitor/kl_spike": "1 when kl, mismatch_kl or logprob_gap jumped above monitors.spike_ratio x baseline",
+    "monitor/entropy_collapse": "1 when policy/entropy fell below monitors.entropy_ratio x its level over the first steps",
+    "monitor/kl_spike": "1 when policy/kl, policy/mismatch_kl or policy/logprob_gap jumped above monitors.spike_ratio x baseline",
     "monitor/repeated_ngrams": "1 when replies repeat more than monitors.ngram_repeat_max of their n-grams",
     "monitor/reward_disagreement": "1 when a reward function and a check that agreed no longer do",
-    "reply_tokens": "tokens the policy sampled per episode (length_blowup reads it)",
-    "format_only_frac": "fraction of scored episodes rewarded by format-type functions alone",
-    "repeat_ngram_frac": "mean seq-rep-n of the replies: share of their n-grams repeating an earlier one",
-    "reward_agreement": "lowest correlation among reward/check pairs that once agreed (when any did)",
+    # the episode series the monitors compute (looprl.trainer.monitors)
+    "rollout/reply_tokens": "tokens the policy sampled per episode (length_blowup reads it)",
+    "rollout/format_only_frac": "fraction of scored episodes rewarded by format-type functions alone",
+    "rollout/repeat_ngram_frac": "mean seq-rep-n of the replies: share of their n-grams repeating an earlier one",
+    "rollout/reward_agreement": "lowest correlation among reward/check pairs that once agreed (when any did)",
 }
+
+OLD_NAMES: dict[str, str] = {
+    "turns": "rollout/turns",
+    "tool_calls": "rollout/tool_calls",
+    "truncated_frac": "rollout/truncated_frac",
+    "rollout_errors": "rollout/errors",
+    "infra_errors": "rollout/infra_errors",
+    "scoring_errors": "rollout/scoring_errors",
+    "gen_tokens": "rollout/gen_tokens",
+    "tokens_per_s": "rollout/tokens_per_s",
+    "staleness": "rollout/staleness",
+    "stale_dropped": "rollout/stale_dropped",
+    "loss": "loss/total",
+    "pg_loss": "loss/pg",
+    "kl_loss": "loss/kl",
+    "entropy_loss": "loss/entropy",
+    "value_loss": "loss/value",
+    "kl": "policy/kl",
+    "entropy": "policy/entropy",
+    "clip_frac": "policy/clip_frac",
+    "clip_frac_low": "policy/clip_frac_low",
+    "clip_frac_high": "policy/clip_frac_high",
+    "ratio_mean": "policy/ratio_mean",
+    "ratio_min": "policy/ratio_min",
+    "ratio_max": "policy/ratio_max",
+    "mismatch_kl": "policy/mismatch_kl",
+    "logprob_gap": "policy/logprob_gap",
+    "tis_weight_mean": "policy/tis_weight_mean",
+    "tis_clip_frac": "policy/tis_clip_frac",
+    "value_mean": "value/mean",
+    "value_clip_frac": "value/clip_frac",
+    "return_mean": "value/return_mean",
+    "grad_norm": "train/grad_norm",
+    "lr": "train/lr",
+    "skipped": "train/skipped",
+    "train_tokens": "train/tokens",
+    "forward_tokens": "train/forward_tokens",
+    "forward_positions": "train/forward_positions",
+    "train_tokens_per_s": "train/tokens_per_s",
+    "adv_mean": "train/adv_mean",
+    "adv_abs_mean": "train/adv_abs_mean",
+    "groups_used": "train/groups_used",
+    "zero_var_frac": "train/zero_var_frac",
+    "keep_frac": "train/keep_frac",
+    "reply_tokens": "rollout/reply_tokens",
+    "format_only_frac": "rollout/format_only_frac",
+    "repeat_ngram_frac": "rollout/repeat_ngram_frac",
+    "reward_agreement": "rollout/reward_agreement",
+}
+"""The bare name each metric had before the namespaces, and its key now.
+
+Runs written before read back through it (`upgrade_row`); the update's statistics
+(`looprl.trainer.update`, `looprl.trainer.batch`, `looprl.algorithms`) still carry these short
+names, free of logging concerns, and take their keys from it when a step is logged
+(`update_metrics`).
+"""
 
 _PATTERNS = [
     re.compile(
@@ -108,19 +177,59 @@ def declared(key: str) -> bool:
     return any(p.match(key) for p in _PATTERNS)
 
 
+def check_metric_name(key: str) -> str:
+    """`key` if it is a metric key; a ValueError naming the key to write instead otherwise.
+
+    For config fields that name a metric (`trainer.early_stop_metric`, `monitors.heldout_metric`):
+    a bare name of before the namespaces is refused with its new key, so a stop condition cannot
+    silently never fire.
+    """
+    if key in OLD_NAMES:
+        raise ValueError(
+            f"{key!r} is the old name of a metric; write {OLD_NAMES[key]!r} (docs/metrics.md)"
+        )
+    if not declared(key):
+        raise ValueError(f"{key!r} is not a metric key; docs/metrics.md lists them")
+    return key
+
+
+def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A `metrics.jsonl` row with any bare name of before the namespaces renamed (`OLD_NAMES`)."""
+    return {OLD_NAMES.get(k, k): v for k, v in row.items()}
+
+
+def update_metrics(stats: Mapping[str, float], seconds: float) -> dict[str, float]:
+    """The metrics of an update: its statistics (short names) under their keys, time, throughput.
+
+    A statistic `OLD_NAMES` does not know is refused, so a new one cannot reach `metrics.jsonl`
+    without a declared name.
+    """
+    unknown = sorted(set(stats) - set(OLD_NAMES))
+    if unknown:
+        raise ValueError(
+            f"update statistics {unknown} have no metric key: add each to OLD_NAMES and METRICS "
+            "in looprl/trainer/metrics.py (and docs/metrics.md)"
+        )
+    out = {OLD_NAMES[k]: v for k, v in stats.items()}
+    out["time/train"] = seconds
+    # tokens that went through forward and backward (zero-advantage samples are skipped)
+    out["train/tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)
+    return out
+
+
 def batch_metrics(summary: Summary, num_episodes: int) -> dict[str, float]:
     """The metrics of a training batch's episodes."""
     out = {
         "reward/mean": summary["reward_mean"],
         "reward/std": summary["reward_std"],
-        "turns": summary["turns_mean"],
-        "tool_calls": summary["tool_calls_mean"],
-        "truncated_frac": summary["truncated"] / max(1, num_episodes),
-        "rollout_errors": float(summary["rollout_errors"]),
-        "infra_errors": float(summary["infra_errors"]),
-        "scoring_errors": float(summary["scoring_errors"]),
-        "tokens_per_s": summary.get("tokens_per_second", 0.0),
-        "gen_tokens": float(summary["generated_tokens"]),
+        "rollout/turns": summary["turns_mean"],
+        "rollout/tool_calls": summary["tool_calls_mean"],
+        "rollout/truncated_frac": summary["truncated"] / max(1, num_episodes),
+        "rollout/errors": float(summary["rollout_errors"]),
+        "rollout/infra_errors": float(summary["infra_errors"]),
+        "rollout/scoring_errors": float(summary["scoring_errors"]),
+        "rollout/gen_tokens": float(summary["generated_tokens"]),
+        "rollout/tokens_per_s": summary.get("tokens_per_second", 0.0),
     }
     out.update({f"reward/{k}": v for k, v in summary["rewards"].items()})
     for env_name, row in summary.get("per_env", {}).items():  # mixtures: one series per env

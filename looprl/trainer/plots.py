@@ -22,7 +22,11 @@ from looprl.trainer.logger import METRICS_FILE, read_metrics
 
 PLOTS_DIR = "plots"
 CURVES_FILE = "curves.png"
-DIAGNOSTICS = (("kl", "KL to reference"), ("entropy", "entropy"), ("clip_frac", "clip fraction"))
+DIAGNOSTICS = (
+    ("policy/kl", "KL to reference"),
+    ("policy/entropy", "entropy"),
+    ("policy/clip_frac", "clip fraction"),
+)
 MAX_SMOOTH_WINDOW = 25
 
 
@@ -31,9 +35,9 @@ def plot_run(run_dir: str | Path) -> Path:
 
     Panel 1: `reward/mean` (raw, smoothed, ± `reward/std` band) and each `reward/<fn>`.
     Panel 2: every `eval/*` series against step (values outside [0, 1] on a right-hand axis).
-    Panel 3: `kl`, `entropy`, `clip_frac`, one small axis each, when logged.
+    Panel 3: `policy/kl`, `policy/entropy`, `policy/clip_frac`, one small axis each, when logged.
     Missing keys, a single row and null/NaN values are all fine; an empty file gives a PNG
-    that says so.
+    that says so. A run written before the metric namespaces is read with its names renamed.
     """
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / METRICS_FILE)

@@ -24,7 +24,7 @@ from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
-from looprl.trainer.metrics import batch_metrics, eval_metrics
+from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
@@ -346,11 +346,7 @@ class Trainer:
         max_len = self.sampling.max_tokens * self.env.limits.max_turns
         samples, adv_stats = samples_from_groups(groups, self.algo, max_len)
         stats = train_on_batch(self.ctx, samples)
-        seconds = time.perf_counter() - t0
-        out = {**adv_stats, **stats, "time/train": seconds}
-        # tokens that went through forward and backward (zero-advantage samples are skipped)
-        out["train_tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)
-        return out
+        return update_metrics({**adv_stats, **stats}, time.perf_counter() - t0)
 
     def _sync(self, version: int) -> dict[str, float]:
         """The engine samples the new weights from now on, as `version` (the placement's way)."""
