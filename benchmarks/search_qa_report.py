@@ -28,8 +28,8 @@ from benchmarks.eval_stats import (
     training_curve,
 )
 from looprl.envs.corpus import generate_world
-from looprl.kit import answer_text
 from looprl.envs.search_qa import extract_answer, load_corpus, normalize_answer
+from looprl.kit import answer_text
 from looprl.types import Message
 
 

@@ -188,7 +188,15 @@ def eval_cycle(i: int, out: Path, rng: random.Random, t: Tally) -> None:
     t.eval_runs += 1
     for attempt in range(6):
         srv = FakeOpenAIServer(script=_solver, delay=0.05).start()
-        cmd = [sys.executable, "-m", "looprl.cli.main", "eval", SOAK_ENV, "--base-url", srv.base_url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "looprl.cli.main",
+            "eval",
+            SOAK_ENV,
+            "--base-url",
+            srv.base_url,
+        ]
         cmd += ["--model", "fake", "-n", "40", "-r", "2", "--concurrency", "4"]
         cmd += ["--output", str(run_dir)] + (["--resume"] if attempt else [])
         t.resumes += bool(attempt)

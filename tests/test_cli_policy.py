@@ -111,6 +111,15 @@ def test_api_key_var_sends_the_key_from_the_environment(tmp_path, monkeypatch) -
 def test_bundled_teacher_runs_as_a_policy(tmp_path) -> None:
     pytest.importorskip("looprl.sft.teachers")
     out = tmp_path / "ev"
-    args = ["eval", "calculator", "--policy", "looprl.sft.teachers:calculator", "-n", "3", "-r", "1"]
+    args = [
+        "eval",
+        "calculator",
+        "--policy",
+        "looprl.sft.teachers:calculator",
+        "-n",
+        "3",
+        "-r",
+        "1",
+    ]
     assert main([*args, "--output", str(out)]) == 0
     assert json.loads((out / "metadata.json").read_text())["summary"]["reward_mean"] == 1.0

@@ -140,7 +140,15 @@ def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None
     exits at once (no thread of the hung tool keeps it alive)."""
     out = tmp_path / "hung"
     with FakeOpenAIServer(script=_tool_then_answer("hang")) as srv:
-        cmd = [sys.executable, "-m", "looprl.cli.main", "eval", HANG_ENV, "--base-url", srv.base_url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "looprl.cli.main",
+            "eval",
+            HANG_ENV,
+            "--base-url",
+            srv.base_url,
+        ]
         cmd += ["--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

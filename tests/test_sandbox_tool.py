@@ -24,7 +24,9 @@ class _ScriptedExecutor(Executor):
         self.calls: list[tuple[str, str | None, float | None, str | None]] = []
 
     async def execute(self, code, *, session_id=None, timeout=None, caller=None):
-        self.calls.append((code, session_id, timeout, caller))  # the arguments as the tool gave them
+        self.calls.append(
+            (code, session_id, timeout, caller)
+        )  # the arguments as the tool gave them
         return self.result
 
     async def _run(self, code, session_id, timeout, who):

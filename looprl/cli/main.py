@@ -45,7 +45,9 @@ def _version() -> str:
 
 def build_parser() -> tuple[Parser, dict[str, Parser]]:
     """The `looprl` parser and each command's own parser, by name."""
-    from looprl.cli import env as cli_env, eval as cli_eval, train as cli_train
+    from looprl.cli import env as cli_env
+    from looprl.cli import eval as cli_eval
+    from looprl.cli import train as cli_train
     from looprl.probe import command as probe_command
 
     parser = Parser(prog="looprl", description="Train and evaluate agentic reasoners.")

@@ -24,12 +24,12 @@ from typing import Any, Literal
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.base import Environment
+from looprl.eval.run import EvalJob, run_eval
 from looprl.probe.exploits import GENERIC
 from looprl.probe.policy import Exploit, ProbeProfile, Turn
 from looprl.probe.profiles import HonestFailure, profile_for, reference_for
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig
-from looprl.eval.run import EvalJob, run_eval
 from looprl.types import EpisodeResult, SamplingParams, Task
 
 Verdict = Literal["exploitable", "resisted", "errored"]

@@ -4,7 +4,7 @@ A monitor is fed one `StepView` per step (the metrics dict the step writes to `m
 plus what it needs of the step's episodes) and returns a `Reading`: tripped or not, the numbers
 that tripped it, and any supporting metric. `Monitors` runs the table `MONITORS`, writes
 `monitor/<name>` on every step (1.0 at a step where that monitor tripped, else 0.0) with the
-supporting metrics, and prints one console line the first time each monitor trips: what tripped,
+supporting series (`rollout/...`), and prints one console line the first time each monitor trips: what tripped,
 the numbers, the step, and what to look at. Thresholds live in `MonitorsSection` ([monitors]);
 docs/reward_hacking.md says how each default was measured.
 
@@ -117,13 +117,17 @@ class LengthBlowup:
     _series: dict[str, Rolling] = field(default_factory=dict)
 
     def check(self, view: StepView) -> Reading:
-        """Compare `reply_tokens` (from the episodes) and `turns` with their rolling medians."""
+        """Compare `rollout/reply_tokens` (from the episodes) and `rollout/turns` with their
+        rolling medians."""
         tokens = (
             _mean([ep.tokens for ep in view.episodes])
             if view.episodes
-            else view.metrics.get("reply_tokens")  # a replayed row: the value it logged
+            else view.metrics.get("rollout/reply_tokens")  # a replayed row: the value it logged
         )
-        values = {"reply_tokens": tokens, "turns": view.metrics.get("turns")}
+        values = {
+            "rollout/reply_tokens": tokens,
+            "rollout/turns": view.metrics.get("rollout/turns"),
+        }
         found = []
         for key, value in values.items():
             if value is None:
@@ -133,7 +137,7 @@ class LengthBlowup:
             if base is not None and base > 0 and value > self.ratio * base:
                 found.append(f"{key} {value:.3g} vs baseline {base:.3g} (x{value / base:.1f})")
             series.push(value)
-        extra = {} if tokens is None else {"reply_tokens": tokens}
+        extra = {} if tokens is None else {"rollout/reply_tokens": tokens}
         return Reading(bool(found), "; ".join(found), extra)
 
 
@@ -150,15 +154,17 @@ class ToolCallSpike:
     _series: Rolling | None = None
 
     def check(self, view: StepView) -> Reading:
-        """Compare `tool_calls` with its rolling median."""
-        value = view.metrics.get("tool_calls")
+        """Compare `rollout/tool_calls` with its rolling median."""
+        value = view.metrics.get("rollout/tool_calls")
         if value is None:
             return Reading()
         series = self._series = self._series or Rolling(self.window)
         base = series.baseline(self.min_history)
         series.push(value)
         if base is not None and value > self.ratio * base and value - base >= self.rise:
-            return Reading(True, f"tool_calls {value:.3g} per episode vs baseline {base:.3g}")
+            return Reading(
+                True, f"rollout/tool_calls {value:.3g} per episode vs baseline {base:.3g}"
+            )
         return Reading()
 
 
@@ -170,13 +176,13 @@ class EntropyCollapse:
     window: int
     name: str = "entropy_collapse"
     look_at: str = (
-        "zero_var_frac and the groups' replies: identical samples give no learning signal"
+        "train/zero_var_frac and the groups' replies: identical samples give no learning signal"
     )
     _start: list[float] = field(default_factory=list)
 
     def check(self, view: StepView) -> Reading:
-        """Compare `entropy` with the median of its first `window` values."""
-        value = view.metrics.get("entropy")
+        """Compare `policy/entropy` with the median of its first `window` values."""
+        value = view.metrics.get("policy/entropy")
         if value is None:
             return Reading()
         if len(self._start) < self.window:
@@ -186,7 +192,7 @@ class EntropyCollapse:
         if value < self.ratio * reference:
             return Reading(
                 True,
-                f"entropy {value:.3g} vs {reference:.3g} over the first {self.window} steps "
+                f"policy/entropy {value:.3g} vs {reference:.3g} over the first {self.window} steps "
                 f"(x{value / reference:.2f})",
             )
         return Reading()
@@ -194,7 +200,8 @@ class EntropyCollapse:
 
 @dataclass
 class KLSpike:
-    """(f) `kl`, `mismatch_kl` or `logprob_gap` above `ratio` x its baseline and above its floor."""
+    """(f) `policy/kl`, `policy/mismatch_kl` or `policy/logprob_gap` above `ratio` x its baseline
+    and above its floor."""
 
     ratio: float
     floors: Mapping[str, float]
@@ -202,8 +209,8 @@ class KLSpike:
     min_history: int
     name: str = "kl_spike"
     look_at: str = (
-        "kl: the update size (lr, clip); mismatch_kl/logprob_gap: the sampler and trainer "
-        "disagree (weight sync, precision, stale batches)"
+        "policy/kl: the update size (lr, clip); policy/mismatch_kl or policy/logprob_gap: the "
+        "sampler and trainer disagree (weight sync, precision, stale batches)"
     )
     _series: dict[str, Rolling] = field(default_factory=dict)
 
@@ -234,7 +241,11 @@ MONITORS: dict[str, Callable[[MonitorsSection], Monitor]] = {
     "entropy_collapse": lambda c: EntropyCollapse(c.entropy_ratio, c.window),
     "kl_spike": lambda c: KLSpike(
         c.spike_ratio,
-        {"kl": c.kl_floor, "mismatch_kl": c.mismatch_kl_floor, "logprob_gap": c.logprob_gap_floor},
+        {
+            "policy/kl": c.kl_floor,
+            "policy/mismatch_kl": c.mismatch_kl_floor,
+            "policy/logprob_gap": c.logprob_gap_floor,
+        },
         c.window,
         c.min_history,
     ),

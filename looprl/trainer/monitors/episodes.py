@@ -98,7 +98,7 @@ class FormatOnlyReward:
         only = sum(1 for ep in scored if self._format_only(ep))
         frac = only / len(scored)
         message = f"{only} of {len(scored)} episodes ({frac:.0%}) were rewarded by format alone"
-        return Reading(frac > self.max_frac, message, {"format_only_frac": frac})
+        return Reading(frac > self.max_frac, message, {"rollout/format_only_frac": frac})
 
     def _format_only(self, ep: EpisodeView) -> bool:
         paid = [k for k, v in ep.earned.items() if v != 0]
@@ -143,7 +143,7 @@ class RepeatedNgrams:
         message = (
             f"replies repeat {mean:.0%} of their {self.n}-grams on average ({len(fracs)} replies)"
         )
-        return Reading(mean > self.max_frac, message, {"repeat_ngram_frac": mean})
+        return Reading(mean > self.max_frac, message, {"rollout/repeat_ngram_frac": mean})
 
 
 def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -222,5 +222,5 @@ class RewardDisagreement:
                     f"{r} and {o}: correlation {was:.2f} -> {corr:.2f} while {r} "
                     f"{r0:.2f} -> {mean_r:.2f} and {o} {o0:.2f} -> {mean_o:.2f}"
                 )
-        values = {} if lowest is None else {"reward_agreement": lowest}
+        values = {} if lowest is None else {"rollout/reward_agreement": lowest}
         return Reading(bool(found), "; ".join(found), values)
