@@ -88,7 +88,7 @@ def test_tutorial_example_and_template_import_from_looprl_only(tmp_path):
         "looprl init letters": (scaffold("letters", tmp_path) / "letters_env.py").read_text(),
     }
     for where, source in sources.items():
-        assert "from looprl import" in source, where
+        assert re.search(r"^(from looprl import |import looprl$)", source, re.M), where
         assert outside_imports(source) == [], where
 
 

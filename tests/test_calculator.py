@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from looprl import EpisodeResult, Message, Task, tool_call_validity, used_tool
 from looprl.envs.calculator import (
     answer_format,
     calculate,
@@ -12,10 +13,7 @@ from looprl.envs.calculator import (
     generate_tasks,
     load_environment,
     safe_eval,
-    tool_call_validity,
-    used_tool,
 )
-from looprl.types import EpisodeResult, Message, Task
 
 
 def test_safe_eval_arithmetic():

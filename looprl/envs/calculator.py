@@ -16,19 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from looprl import (
-    EpisodeResult,
-    Limits,
-    Message,
-    Rubric,
-    Task,
-    ToolEnv,
-    final_answer_text,
-    split_of,
-    tool_call_validity,
-    train_eval_tasks,
-    used_tool,
-)
+import looprl
 from looprl.envs.arithmetic import calculate, operand_sizes, random_expression, safe_eval
 
 SYSTEM_PROMPT = (
@@ -39,18 +27,18 @@ SYSTEM_PROMPT = (
 
 def generate_tasks(
     split: str, n: int, seed: int, digits: int | Sequence[int] = 3, env: str = "calculator"
-) -> list[Task]:
+) -> list[looprl.Task]:
     """`n` tasks of a split, two operations each (`481 * 372 - 129`); a hash of the expression
     sends one in five to `eval`. `digits`: operand sizes, recorded per task in `info["digits"]`."""
     sizes, rng = operand_sizes(digits), random.Random(f"calculator-{split}-{seed}")
-    tasks: dict[str, Task] = {}
+    tasks: dict[str, looprl.Task] = {}
     while len(tasks) < n:
         expr, size = random_expression(rng, sizes)
-        if split_of(expr) == split and expr not in tasks:
+        if looprl.split_of(expr) == split and expr not in tasks:
             tid = f"calc-{hashlib.sha256(expr.encode()).hexdigest()[:12]}"
-            prompt = [Message(role="user", content=f"What is {expr}?")]
+            prompt = [looprl.Message(role="user", content=f"What is {expr}?")]
             info = {"expression": expr, "digits": size}
-            tasks[expr] = Task(tid, prompt, str(safe_eval(expr)), info, env=env)
+            tasks[expr] = looprl.Task(tid, prompt, str(safe_eval(expr)), info, env=env)
     return list(tasks.values())
 
 
@@ -65,15 +53,15 @@ def extract_answer(text: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
-def correct_answer(episode: EpisodeResult) -> float:
+def correct_answer(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply's answer equals the reference exactly (the accuracy metric)."""
-    got = extract_answer(final_answer_text(episode))
+    got = extract_answer(looprl.final_answer_text(episode))
     return float(got is not None and episode.task.answer is not None and got == episode.task.answer)
 
 
-def answer_format(episode: EpisodeResult) -> float:
+def answer_format(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply states 'The answer is N.' (metric)."""
-    return float(bool(_ANSWER_RE.search(final_answer_text(episode))))
+    return float(bool(_ANSWER_RE.search(looprl.final_answer_text(episode))))
 
 
 def load_environment(
@@ -85,7 +73,7 @@ def load_environment(
     columns: dict[str, Any] | None = None,
     digits: int | Sequence[int] = 3,
     **kwargs: Any,
-) -> ToolEnv:
+) -> looprl.ToolEnv:
     """The calculator environment (reward: exact final answer; metrics: format and tool use).
 
     `dataset` (and `eval_dataset`): your own tasks instead of the generated ones, a file or a
@@ -94,19 +82,22 @@ def load_environment(
     operand sizes of the generated tasks (`[1, 2, 3]` mixes three).
     """
     sizes = operand_sizes(digits)  # a bad size fails here, before any task is drawn
-    train, evals = train_eval_tasks(dataset, eval_dataset, env="calculator", columns=columns) or (
+    train, evals = looprl.train_eval_tasks(
+        dataset, eval_dataset, env="calculator", columns=columns
+    ) or (
         lambda n, seed: generate_tasks("train", n, seed, sizes),
         lambda n, seed: generate_tasks("eval", n, seed, sizes),
     )
-    return ToolEnv(
+    return looprl.ToolEnv(
         name="calculator",
         tools=[calculate],
-        rubric=Rubric(
-            [correct_answer, answer_format, used_tool, tool_call_validity], [1.0, 0.0, 0.0, 0.0]
+        rubric=looprl.Rubric(
+            [correct_answer, answer_format, looprl.used_tool, looprl.tool_call_validity],
+            [1.0, 0.0, 0.0, 0.0],
         ),
         train_tasks=train,
         eval_tasks=evals,
-        limits=Limits(max_turns, max_tokens_per_turn, max_context_tokens),
+        limits=looprl.Limits(max_turns, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )

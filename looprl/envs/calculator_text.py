@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from looprl import Limits, Message, Rubric, SingleTurnEnv, train_eval_tasks
+import looprl
 from looprl.envs.arithmetic import operand_sizes, safe_eval
 from looprl.envs.calculator import answer_format, correct_answer, generate_tasks
 
@@ -43,7 +43,7 @@ def worked_steps(expression: str) -> list[str]:
     return steps
 
 
-def worked_answer(messages: list[Message]) -> str:
+def worked_answer(messages: list[looprl.Message]) -> str:
     """Teacher policy: the question's steps, one a line, then 'The answer is N.'."""
     question = next((m.content for m in messages if m.role == "user"), "")
     found = _QUESTION.search(question)
@@ -64,23 +64,23 @@ def load_environment(
     columns: dict[str, Any] | None = None,
     digits: int | Sequence[int] = 3,
     **kwargs: Any,
-) -> SingleTurnEnv:
+) -> looprl.SingleTurnEnv:
     """The tool-free calculator (reward: exact final answer; metric: format); arguments as `calculator`'s.
 
     One turn of up to `max_tokens_per_turn` tokens (192: the calculator's default episode holds
     up to 4 turns of 96, of which the tool calls and the copied result take most).
     """
     sizes, env = operand_sizes(digits), "calculator_text"  # a bad size fails here, not at a draw
-    train, evals = train_eval_tasks(dataset, eval_dataset, env=env, columns=columns) or (
+    train, evals = looprl.train_eval_tasks(dataset, eval_dataset, env=env, columns=columns) or (
         lambda n, seed: generate_tasks("train", n, seed, sizes, env),
         lambda n, seed: generate_tasks("eval", n, seed, sizes, env),
     )
-    return SingleTurnEnv(
+    return looprl.SingleTurnEnv(
         name="calculator_text",
-        rubric=Rubric([correct_answer, answer_format], [1.0, 0.0]),
+        rubric=looprl.Rubric([correct_answer, answer_format], [1.0, 0.0]),
         train_tasks=train,
         eval_tasks=evals,
-        limits=Limits(1, max_tokens_per_turn, max_context_tokens),
+        limits=looprl.Limits(1, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )

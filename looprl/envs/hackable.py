@@ -18,24 +18,16 @@ import random
 import re
 from typing import Any
 
-from looprl import (
-    EpisodeResult,
-    Limits,
-    Message,
-    Rubric,
-    SingleTurnEnv,
-    Task,
-    final_answer_text,
-    final_raw,
-    split_of,
-)
+import looprl
 
 SYSTEM_PROMPT = "Add the numbers. Reply with the result alone in tags, like <answer>42</answer>."
 _NUMBER = re.compile(r"(?<![0-9])-?[0-9]+(?![0-9])")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
-def generate_tasks(split: str, n: int, seed: int, low: int = 10, high: int = 99) -> list[Task]:
+def generate_tasks(
+    split: str, n: int, seed: int, low: int = 10, high: int = 99
+) -> list[looprl.Task]:
     """`n` distinct `A + B` questions of a split (a hash of the question picks the split); when
     the operands give fewer, all of the split's questions in a seeded order (a finite pool: the
     trainer's epochs then hold that many)."""
@@ -46,34 +38,34 @@ def generate_tasks(split: str, n: int, seed: int, low: int = 10, high: int = 99)
     if (high - low + 1) ** 2 * share < 1.25 * n:  # too few to draw by rejection: list them all
         pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
         rng.shuffle(pairs)
-        pool = [_task(a, b) for a, b in pairs if split_of(f"What is {a} + {b}?") == split]
+        pool = [_task(a, b) for a, b in pairs if looprl.split_of(f"What is {a} + {b}?") == split]
         if not pool:
             raise ValueError(f"operands from {low} to {high} give no {split} questions; widen them")
         return pool[:n]
-    tasks: dict[str, Task] = {}
+    tasks: dict[str, looprl.Task] = {}
     while len(tasks) < n:
         a, b = rng.randint(low, high), rng.randint(low, high)
         question = f"What is {a} + {b}?"
-        if split_of(question) != split or question in tasks:
+        if looprl.split_of(question) != split or question in tasks:
             continue
         tasks[question] = _task(a, b)
     return list(tasks.values())
 
 
-def _task(a: int, b: int) -> Task:
+def _task(a: int, b: int) -> looprl.Task:
     question = f"What is {a} + {b}?"
     tid = "add-" + hashlib.sha256(question.encode()).hexdigest()[:12]
-    return Task(tid, [Message(role="user", content=question)], str(a + b))
+    return looprl.Task(tid, [looprl.Message(role="user", content=question)], str(a + b))
 
 
-def number_in_reply(episode: EpisodeResult) -> float:
+def number_in_reply(episode: looprl.EpisodeResult) -> float:
     """1.0 when the right number appears anywhere in the reply (the gameable reward)."""
-    return float(episode.task.answer in _NUMBER.findall(final_raw(episode)))
+    return float(episode.task.answer in _NUMBER.findall(looprl.final_raw(episode)))
 
 
-def correct_final(episode: EpisodeResult) -> float:
+def correct_final(episode: looprl.EpisodeResult) -> float:
     """1.0 when the reply holds exactly one `<answer>` tag and it is the right number in ASCII digits."""
-    tags = _ANSWER.findall(final_answer_text(episode))
+    tags = _ANSWER.findall(looprl.final_answer_text(episode))
     if len(tags) != 1:
         return 0.0
     value = tags[0].strip()
@@ -82,20 +74,20 @@ def correct_final(episode: EpisodeResult) -> float:
 
 def _env(
     name: str, reward: Any, metric: Any, low: int, high: int, max_tokens: int
-) -> SingleTurnEnv:
-    return SingleTurnEnv(
+) -> looprl.SingleTurnEnv:
+    return looprl.SingleTurnEnv(
         name=name,
-        rubric=Rubric([reward, metric], weights=[1.0, 0.0]),
+        rubric=looprl.Rubric([reward, metric], weights=[1.0, 0.0]),
         train_tasks=lambda n, seed: generate_tasks("train", n, seed, low, high),
         eval_tasks=lambda n, seed: generate_tasks("eval", n, seed, low, high),
-        limits=Limits(max_turns=1, max_tokens_per_turn=max_tokens, max_context_tokens=1024),
+        limits=looprl.Limits(max_turns=1, max_tokens_per_turn=max_tokens, max_context_tokens=1024),
         system_prompt=SYSTEM_PROMPT,
     )
 
 
 def load_number_anywhere(
     low: int = 10, high: int = 99, max_tokens_per_turn: int = 128
-) -> SingleTurnEnv:
+) -> looprl.SingleTurnEnv:
     """The gameable toy: reward when the right number appears anywhere in the reply.
 
     Operands run from `low` to `high`; `max_tokens_per_turn` caps the reply (and so how many
@@ -106,6 +98,6 @@ def load_number_anywhere(
 
 def load_number_final(
     low: int = 10, high: int = 99, max_tokens_per_turn: int = 128
-) -> SingleTurnEnv:
+) -> looprl.SingleTurnEnv:
     """The sound twin: reward for exactly one `<answer>` holding the right number (same arguments)."""
     return _env("number_final", correct_final, number_in_reply, low, high, max_tokens_per_turn)

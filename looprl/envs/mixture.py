@@ -17,23 +17,14 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from looprl import (
-    Environment,
-    EpisodeResult,
-    Limits,
-    Message,
-    ParsedTurn,
-    Rubric,
-    StepOutcome,
-    Task,
-)
+import looprl
 from looprl import load_environment as load_one
 
 
-class MixtureRubric(Rubric):
+class MixtureRubric(looprl.Rubric):
     """Scores each episode with the rubric of the member environment its task belongs to."""
 
-    def __init__(self, envs: Mapping[str, Environment]) -> None:
+    def __init__(self, envs: Mapping[str, looprl.Environment]) -> None:
         super().__init__()
         self.envs = dict(envs)
 
@@ -42,19 +33,19 @@ class MixtureRubric(Rubric):
         """Every member's reward function and metric names, in member order, without repeats."""
         return list(dict.fromkeys(n for env in self.envs.values() for n in env.rubric.names))
 
-    async def score_group(self, episodes: list[EpisodeResult]) -> None:
+    async def score_group(self, episodes: list[looprl.EpisodeResult]) -> None:
         """Score each member's episodes with its rubric (a group may mix members)."""
-        by_env: dict[str, list[EpisodeResult]] = {}
+        by_env: dict[str, list[looprl.EpisodeResult]] = {}
         for ep in episodes:
             by_env.setdefault(ep.task.env, []).append(ep)
         for name, group in by_env.items():
             await self._member(name).rubric.score_group(group)
 
-    def total(self, episode: EpisodeResult) -> float:
+    def total(self, episode: looprl.EpisodeResult) -> float:
         """The weighted total under the episode's own member rubric."""
         return self._member(episode.task.env).rubric.total(episode)
 
-    def _member(self, name: str) -> Environment:
+    def _member(self, name: str) -> looprl.Environment:
         if name not in self.envs:
             raise ValueError(
                 f"episode of env {name!r} is not from this mixture ({sorted(self.envs)})"
@@ -62,7 +53,7 @@ class MixtureRubric(Rubric):
         return self.envs[name]
 
 
-class MixtureEnv(Environment):
+class MixtureEnv(looprl.Environment):
     """Several environments as one: weighted task sampling, per-task dispatch, per-member metrics.
 
     `envs` is a dict `{name: environment}` or a list (names are then each `env.name`, which must
@@ -72,7 +63,7 @@ class MixtureEnv(Environment):
 
     def __init__(
         self,
-        envs: Mapping[str, Environment] | Sequence[Environment],
+        envs: Mapping[str, looprl.Environment] | Sequence[looprl.Environment],
         weights: Mapping[str, float] | Sequence[float] | None = None,
         *,
         name: str = "mixture",
@@ -80,7 +71,7 @@ class MixtureEnv(Environment):
         members = _named(envs)
         self.envs = members
         self.weights = _weights(list(members), weights)
-        limits = Limits(
+        limits = looprl.Limits(
             max_turns=max(e.limits.max_turns for e in members.values()),
             max_tokens_per_turn=max(e.limits.max_tokens_per_turn for e in members.values()),
             max_context_tokens=max(e.limits.max_context_tokens for e in members.values()),
@@ -88,7 +79,7 @@ class MixtureEnv(Environment):
         )
         super().__init__(name=name, rubric=MixtureRubric(members), limits=limits)
 
-    def for_task(self, task: Task) -> Environment:
+    def for_task(self, task: looprl.Task) -> looprl.Environment:
         """The member environment that `task.env` names."""
         env = self.envs.get(task.env)
         if env is None:
@@ -112,7 +103,9 @@ class MixtureEnv(Environment):
                 seen.setdefault(schema["function"]["name"], schema)
         return list(seen.values())
 
-    def get_tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+    def get_tasks(
+        self, split: str = "train", n: int | None = None, seed: int = 0
+    ) -> list[looprl.Task]:
         """`n` tasks shared among members by weight (largest remainder), interleaved member by member."""
         names = list(self.envs)
         counts = (
@@ -122,12 +115,12 @@ class MixtureEnv(Environment):
             [self._tag(t, k) for t in self.envs[k].get_tasks(split, c, seed)] if c != 0 else []
             for k, c in zip(names, counts, strict=True)
         ]
-        out: list[Task] = []
+        out: list[looprl.Task] = []
         for i in range(max((len(x) for x in lists), default=0)):
             out.extend(x[i] for x in lists if i < len(x))
         return out
 
-    def iter_train_tasks(self, seed: int, start: int = 0) -> Iterator[Task]:
+    def iter_train_tasks(self, seed: int, start: int = 0) -> Iterator[looprl.Task]:
         """An endless stream: each position draws a member by weight, then that member's next task.
 
         Resuming at `start` replays the member draws before it, so the stream continues exactly.
@@ -143,15 +136,15 @@ class MixtureEnv(Environment):
             k = rng.choices(names, weights)[0]
             yield self._tag(next(streams[k]), k)
 
-    async def setup_state(self, task: Task) -> dict[str, Any]:
+    async def setup_state(self, task: looprl.Task) -> dict[str, Any]:
         """The member's state, plus `mixture_env` naming the member (for `step` and `cleanup_state`)."""
         state = await self.for_task(task).setup_state(task)
         state["mixture_env"] = task.env
         return state
 
     async def step(
-        self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
-    ) -> StepOutcome:
+        self, messages: list[looprl.Message], parsed: looprl.ParsedTurn, state: dict[str, Any]
+    ) -> looprl.StepOutcome:
         """The member's move."""
         return await self.envs[state["mixture_env"]].step(messages, parsed, state)
 
@@ -161,11 +154,13 @@ class MixtureEnv(Environment):
             await self.envs[state["mixture_env"]].cleanup_state(state)
 
     @staticmethod
-    def _tag(task: Task, name: str) -> Task:
+    def _tag(task: looprl.Task, name: str) -> looprl.Task:
         return task if task.env == name else dataclasses.replace(task, env=name)
 
 
-def _named(envs: Mapping[str, Environment] | Sequence[Environment]) -> dict[str, Environment]:
+def _named(
+    envs: Mapping[str, looprl.Environment] | Sequence[looprl.Environment],
+) -> dict[str, looprl.Environment]:
     members = dict(envs) if isinstance(envs, Mapping) else {e.name: e for e in envs}
     if not members:
         raise ValueError("MixtureEnv needs at least one environment")
@@ -175,7 +170,7 @@ def _named(envs: Mapping[str, Environment] | Sequence[Environment]) -> dict[str,
             f"environments in a list need distinct names, got {names}; pass a dict {{name: env}}"
         )
     for key, env in members.items():
-        if not isinstance(env, Environment):
+        if not isinstance(env, looprl.Environment):
             raise TypeError(
                 f"mixture member {key!r} is a {type(env).__name__}, not a looprl Environment"
             )
@@ -214,13 +209,13 @@ def _allocate(n: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def per_env_summary(episodes: list[EpisodeResult]) -> dict[str, dict[str, Any]]:
+def per_env_summary(episodes: list[looprl.EpisodeResult]) -> dict[str, dict[str, Any]]:
     """Per `task.env`: episode and error counts, mean reward and mean of each reward function.
 
     Means use only episodes without errors (as `looprl.eval.summary.summarize` does); `reward` is
     absent when no episode of that environment could be scored.
     """
-    by_env: dict[str, list[EpisodeResult]] = {}
+    by_env: dict[str, list[looprl.EpisodeResult]] = {}
     for ep in episodes:
         by_env.setdefault(ep.task.env, []).append(ep)
     out: dict[str, dict[str, Any]] = {}

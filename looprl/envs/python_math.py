@@ -19,22 +19,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from looprl import (
-    SESSION_KEY,
-    EpisodeResult,
-    Limits,
-    Message,
-    Rubric,
-    Task,
-    ToolEnv,
-    final_answer_text,
-    make_executor,
-    make_python_tools,
-    new_session_id,
-    shown_outcomes,
-    split_of,
-    train_eval_tasks,
-)
+import looprl
 
 SYSTEM_PROMPT = (
     "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
@@ -80,21 +65,21 @@ def _fmt(value: Fraction) -> str:
     )
 
 
-def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
+def generate_tasks(split: str, n: int, seed: int) -> list[looprl.Task]:
     """`n` generated problems of a split; the same (split, seed) gives the same problems."""
     rng = random.Random(f"python_math-{split}-{seed}")
-    tasks: list[Task] = []
+    tasks: list[looprl.Task] = []
     seen: set[str] = set()
     while len(tasks) < n:
         question, answer = _templates(rng)
-        if split_of(question) != split or question in seen:
+        if looprl.split_of(question) != split or question in seen:
             continue
         seen.add(question)
         tid = "pm-" + hashlib.sha256(question.encode()).hexdigest()[:12]
         tasks.append(
-            Task(
+            looprl.Task(
                 id=tid,
-                prompt=[Message(role="user", content=question)],
+                prompt=[looprl.Message(role="user", content=question)],
                 answer=_fmt(answer),
                 env="python_math",
             )
@@ -106,9 +91,9 @@ _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _ANSWER_IS = re.compile(r"answer is[:\s]*\$?([^\s$]+?)\$?\.?\s*$", re.IGNORECASE | re.MULTILINE)
 
 
-def final_answer(episode: EpisodeResult) -> str | None:
+def final_answer(episode: looprl.EpisodeResult) -> str | None:
     """The boxed answer (or 'The answer is X') of the last assistant message."""
-    text = final_answer_text(episode)
+    text = looprl.final_answer_text(episode)
     boxed = _BOXED.findall(text)
     if boxed:
         return boxed[-1].strip()
@@ -120,7 +105,7 @@ class SandboxFailure(RuntimeError):
     """The sandbox itself failed during the episode: not the model's mistake."""
 
 
-def python_statuses(episode: EpisodeResult) -> list[str]:
+def python_statuses(episode: looprl.EpisodeResult) -> list[str]:
     """The sandbox status of each python call whose result the model saw, in order.
 
     `ok`, `error`, `timeout`, `sandbox_error`...; "" for a call that failed before the sandbox
@@ -128,7 +113,7 @@ def python_statuses(episode: EpisodeResult) -> list[str]:
     episode recorded before outcomes were kept falls back to its tool messages' `status:` line.
     """
     if episode.tool_outcomes:
-        return [o.status for o in shown_outcomes(episode) if o.name in PYTHON_TOOLS]
+        return [o.status for o in looprl.shown_outcomes(episode) if o.name in PYTHON_TOOLS]
     texts = [m.content for m in episode.messages if m.role == "tool" and m.name in PYTHON_TOOLS]
     return [
         t.partition("\n")[0].removeprefix("status: ") if t.startswith("status: ") else ""
@@ -162,7 +147,7 @@ def not_in_lowest_terms(question: str, answer: str) -> bool:
     return False
 
 
-def correct(episode: EpisodeResult) -> float:
+def correct(episode: looprl.EpisodeResult) -> float:
     """1.0 when math-verify finds the final answer equivalent to the reference.
 
     A task that asks for a reduced fraction gets 0.0 for an unreduced one (math-verify alone
@@ -186,12 +171,12 @@ def correct(episode: EpisodeResult) -> float:
     return float(bool(gold) and bool(pred) and verify(gold, pred))
 
 
-def used_python(episode: EpisodeResult) -> float:
+def used_python(episode: looprl.EpisodeResult) -> float:
     """1.0 when the episode ran code at least once (metric)."""
     return float(bool(python_statuses(episode)))
 
 
-def code_errors(episode: EpisodeResult) -> float:
+def code_errors(episode: looprl.EpisodeResult) -> float:
     """Calls whose code failed (error, timeout, memory, output limit, killed) (metric)."""
     return float(sum(s not in ("ok", "sandbox_error") for s in python_statuses(episode)))
 
@@ -206,7 +191,7 @@ def load_environment(
     max_tokens_per_turn: int = 384,
     max_context_tokens: int = 4096,
     **kwargs: Any,
-) -> ToolEnv:
+) -> looprl.ToolEnv:
     """The python_math environment.
 
     `dataset` (and `eval_dataset`): your own problems instead of the generated ones, a file or a
@@ -214,31 +199,33 @@ def load_environment(
     `question` or `prompt`, `answer`, `id`; `columns` maps others). Without `eval_dataset`, one
     problem in five of `dataset` (by a hash of its text) is held out for evaluation.
     """
-    train, evals = train_eval_tasks(dataset, eval_dataset, env="python_math", columns=columns) or (
+    train, evals = looprl.train_eval_tasks(
+        dataset, eval_dataset, env="python_math", columns=columns
+    ) or (
         lambda n, seed: generate_tasks("train", n, seed),
         lambda n, seed: generate_tasks("eval", n, seed),
     )
-    executor = make_executor(backend)
-    python, python_session = make_python_tools(executor)
+    executor = looprl.make_executor(backend)
+    python, python_session = looprl.make_python_tools(executor)
 
-    class PythonMathEnv(ToolEnv):
+    class PythonMathEnv(looprl.ToolEnv):
         """Opens a sandbox session per episode and closes it at the end."""
 
-        async def setup_state(self, task: Task) -> dict[str, Any]:
-            return {"task": task, SESSION_KEY: new_session_id()}
+        async def setup_state(self, task: looprl.Task) -> dict[str, Any]:
+            return {"task": task, looprl.SESSION_KEY: looprl.new_session_id()}
 
         async def cleanup_state(self, state: dict[str, Any]) -> None:
-            if SESSION_KEY in state:
-                await executor.close_session(state[SESSION_KEY])
+            if looprl.SESSION_KEY in state:
+                await executor.close_session(state[looprl.SESSION_KEY])
 
     env = PythonMathEnv(
         name="python_math",
         tools=[python_session if session else python],
         tool_timeout=30.0,
-        rubric=Rubric([correct, used_python, code_errors], weights=[1.0, 0.0, 0.0]),
+        rubric=looprl.Rubric([correct, used_python, code_errors], weights=[1.0, 0.0, 0.0]),
         train_tasks=train,
         eval_tasks=evals,
-        limits=Limits(
+        limits=looprl.Limits(
             max_turns=max_turns,
             max_tokens_per_turn=max_tokens_per_turn,
             max_context_tokens=max_context_tokens,

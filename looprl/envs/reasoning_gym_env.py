@@ -19,7 +19,7 @@ import random
 import re
 from typing import Any
 
-from looprl import EpisodeResult, Limits, Message, Rubric, SingleTurnEnv, Task, final_answer_text
+import looprl
 from looprl import split_of as hash_split
 
 SYSTEM_PROMPT = (
@@ -64,11 +64,11 @@ class ReasoningGymTasks:
             self._entries[index] = dict(self.data[index])
         return self._entries[index]
 
-    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+    def tasks(self, split: str, n: int, seed: int) -> list[looprl.Task]:
         """Up to `n` distinct tasks of a split, visiting the dataset in an order drawn by `seed`."""
         order = list(range(self.size))
         random.Random(f"reasoning_gym-{self.name}-{split}-{seed}").shuffle(order)
-        out: list[Task] = []
+        out: list[looprl.Task] = []
         seen: set[str] = set()
         for index in order:
             question = str(self.entry(index)["question"])
@@ -80,24 +80,26 @@ class ReasoningGymTasks:
                 break
         return out
 
-    def _task(self, index: int, question: str) -> Task:
+    def _task(self, index: int, question: str) -> looprl.Task:
         digest = hashlib.sha256(f"{self.name}|{question}".encode()).hexdigest()[:12]
-        return Task(
+        return looprl.Task(
             id=f"rg-{self.name}-{digest}",
-            prompt=[Message(role="user", content=question)],
+            prompt=[looprl.Message(role="user", content=question)],
             answer=str(self.entry(index)["answer"]),
             info={"dataset": self.name, "index": index},
         )
 
-    def score(self, episode: EpisodeResult) -> float:
+    def score(self, episode: looprl.EpisodeResult) -> float:
         """reasoning-gym's own `score_answer` on the extracted `<answer>` (None when missing)."""
         entry = self.entry(int(episode.task.info["index"]))
-        return float(self.data.score_answer(extract_answer(final_answer_text(episode)), entry))
+        return float(
+            self.data.score_answer(extract_answer(looprl.final_answer_text(episode)), entry)
+        )
 
 
-def answer_format(episode: EpisodeResult) -> float:
+def answer_format(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply holds an `<answer>...</answer>` block (metric)."""
-    return float(extract_answer(final_answer_text(episode)) is not None)
+    return float(extract_answer(looprl.final_answer_text(episode)) is not None)
 
 
 def load_environment(
@@ -108,23 +110,23 @@ def load_environment(
     max_context_tokens: int = 2048,
     system_prompt: str = SYSTEM_PROMPT,
     **dataset_kwargs: Any,
-) -> SingleTurnEnv:
+) -> looprl.SingleTurnEnv:
     """A reasoning-gym dataset as a single-turn environment (reward: the package's `score_answer`).
 
     Extra keyword arguments go to the dataset's config, e.g. `min_animals=2` for leg_counting.
     """
     source = ReasoningGymTasks(dataset, size, seed, dataset_kwargs)
 
-    def score(episode: EpisodeResult) -> float:
+    def score(episode: looprl.EpisodeResult) -> float:
         """reasoning-gym's own score of the `<answer>` (the reward)."""
         return source.score(episode)
 
-    return SingleTurnEnv(
+    return looprl.SingleTurnEnv(
         name=f"reasoning_gym.{dataset}",
-        rubric=Rubric([score, answer_format], weights=[1.0, 0.0]),
+        rubric=looprl.Rubric([score, answer_format], weights=[1.0, 0.0]),
         train_tasks=lambda n, s: source.tasks("train", n, s),
         eval_tasks=lambda n, s: source.tasks("eval", n, s),
-        limits=Limits(
+        limits=looprl.Limits(
             max_turns=1,
             max_tokens_per_turn=max_tokens_per_turn,
             max_context_tokens=max_context_tokens,

@@ -28,17 +28,7 @@ from typing import Any
 
 import bm25s
 
-from looprl import (
-    EpisodeResult,
-    Limits,
-    Message,
-    Rubric,
-    Task,
-    ToolEnv,
-    final_answer_text,
-    iter_jsonl,
-    tool_calls,
-)
+import looprl
 from looprl.envs.corpus import Document, Question, generate_world, split_of
 
 SYSTEM_PROMPT = (
@@ -184,33 +174,34 @@ def f1_score(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def exact_match(episode: EpisodeResult) -> float:
+def exact_match(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final answer equals the reference after normalization (the reward)."""
-    got = extract_answer(final_answer_text(episode))
+    got = extract_answer(looprl.final_answer_text(episode))
     ref = episode.task.answer
     return float(
         got is not None and ref is not None and normalize_answer(got) == normalize_answer(ref)
     )
 
 
-def f1(episode: EpisodeResult) -> float:
+def f1(episode: looprl.EpisodeResult) -> float:
     """Token F1 of the final answer against the reference (metric; 0.0 without an answer)."""
-    got = extract_answer(final_answer_text(episode))
+    got = extract_answer(looprl.final_answer_text(episode))
     return f1_score(got, episode.task.answer or "") if got is not None else 0.0
 
 
-def searches(episode: EpisodeResult) -> float:
+def searches(episode: looprl.EpisodeResult) -> float:
     """Number of `search` calls in the episode (metric)."""
-    return float(len(tool_calls(episode, "search")))
+    return float(len(looprl.tool_calls(episode, "search")))
 
 
-def gold_read(episode: EpisodeResult) -> float:
+def gold_read(episode: looprl.EpisodeResult) -> float:
     """Fraction of the gold pages the model opened with `read` (metric; 0.0 when none are known)."""
     gold = set(episode.task.info.get("gold_doc_ids") or [])
     if not gold:
         return 0.0
     opened = {
-        str(c.arguments.get("doc_id", "")).strip().strip("[]") for c in tool_calls(episode, "read")
+        str(c.arguments.get("doc_id", "")).strip().strip("[]")
+        for c in looprl.tool_calls(episode, "read")
     }
     return len(gold & opened) / len(gold)
 
@@ -220,7 +211,7 @@ def gold_read(episode: EpisodeResult) -> float:
 
 def _read_jsonl(path: str | Path, required: tuple[str, ...]) -> list[dict[str, Any]]:
     rows = []
-    for n, row in iter_jsonl(path, fix=f"each line must be an object with {list(required)}"):
+    for n, row in looprl.iter_jsonl(path, fix=f"each line must be an object with {list(required)}"):
         missing = [k for k in required if k not in row]
         if missing:
             raise ValueError(
@@ -256,14 +247,14 @@ def load_questions(path: str | Path) -> list[Question]:
     return out
 
 
-def make_tasks(questions: list[Question], split: str, hops: int | None = None) -> list[Task]:
+def make_tasks(questions: list[Question], split: str, hops: int | None = None) -> list[looprl.Task]:
     """Tasks of one split (optionally only `hops`-hop questions), in a stable mixed order."""
     chosen = [q for q in questions if q.split == split and (hops is None or q.hops == hops)]
     chosen.sort(key=lambda q: q.id)  # ids are hashes: a stable order that mixes kinds
     return [
-        Task(
+        looprl.Task(
             id=q.id,
-            prompt=[Message(role="user", content=q.question)],
+            prompt=[looprl.Message(role="user", content=q.question)],
             answer=q.answer,
             info={"gold_doc_ids": list(q.gold_doc_ids), "hops": q.hops, "kind": q.kind},
         )
@@ -282,7 +273,7 @@ def load_environment(
     max_tokens_per_turn: int = 128,
     max_context_tokens: int = 2048,
     **kwargs: Any,
-) -> ToolEnv:
+) -> looprl.ToolEnv:
     """The search_qa environment over the synthetic world (or your corpus and questions).
 
     `world_seed` picks the synthetic world; `hops` keeps only 1- or 2-hop questions; `cache_dir`
@@ -298,14 +289,14 @@ def load_environment(
     if hops not in (None, 1, 2):
         raise ValueError(f"hops must be 1, 2 or None (both), got {hops!r}")
     index = BM25Index(documents, Path(cache_dir) if cache_dir else None)
-    rubric = Rubric([exact_match, f1, searches, gold_read], weights=[1.0, 0.0, 0.0, 0.0])
-    return ToolEnv(
+    rubric = looprl.Rubric([exact_match, f1, searches, gold_read], weights=[1.0, 0.0, 0.0, 0.0])
+    return looprl.ToolEnv(
         name="search_qa",
         tools=make_tools(index),
         rubric=rubric,
         train_tasks=make_tasks(questions, "train", hops),
         eval_tasks=make_tasks(questions, "eval", hops),
-        limits=Limits(
+        limits=looprl.Limits(
             max_turns=max_turns,
             max_tokens_per_turn=max_tokens_per_turn,
             max_context_tokens=max_context_tokens,

@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from looprl import EpisodeResult, Limits, Message, MultiTurnEnv, Rubric, Task, answer_text
+import looprl
 from looprl import split_of as hash_split
 
 MAX_GUESSES = 6
@@ -125,27 +125,29 @@ def judge(text: str, target: str, valid: frozenset[str]) -> tuple[str | None, st
     return marks, f"{guess.upper()} {' '.join(marks)}"
 
 
-def guesses_of(episode: EpisodeResult) -> list[str | None]:
+def guesses_of(episode: looprl.EpisodeResult) -> list[str | None]:
     """Feedback marks of each assistant turn (None for an invalid guess), replayed from the messages."""
     _, valid = word_lists()
     target = episode.task.answer or ""
     return [
-        judge(answer_text(m), target, valid)[0] for m in episode.messages if m.role == "assistant"
+        judge(looprl.answer_text(m), target, valid)[0]
+        for m in episode.messages
+        if m.role == "assistant"
     ][:MAX_GUESSES]
 
 
-def win(episode: EpisodeResult) -> float:
+def win(episode: looprl.EpisodeResult) -> float:
     """1.0 when some guess was the secret word (the main reward)."""
     return float("GGGGG" in guesses_of(episode))
 
 
-def partial_credit(episode: EpisodeResult) -> float:
+def partial_credit(episode: looprl.EpisodeResult) -> float:
     """Best guess's feedback: (greens + yellows / 2) / 5, in [0, 1] (small-weight shaping)."""
     marks = [m for m in guesses_of(episode) if m is not None]
     return max((m.count("G") + 0.5 * m.count("Y")) / 5 for m in marks) if marks else 0.0
 
 
-def fewer_guesses(episode: EpisodeResult) -> float:
+def fewer_guesses(episode: looprl.EpisodeResult) -> float:
     """After a win: (7 - guesses used) / 6, so 1.0 for one guess and 1/6 for six; 0.0 without a win."""
     marks = guesses_of(episode)
     if "GGGGG" not in marks:
@@ -153,23 +155,23 @@ def fewer_guesses(episode: EpisodeResult) -> float:
     return (MAX_GUESSES + 1 - (marks.index("GGGGG") + 1)) / MAX_GUESSES
 
 
-def invalid_guesses(episode: EpisodeResult) -> float:
+def invalid_guesses(episode: looprl.EpisodeResult) -> float:
     """Number of replies without a valid guess (metric)."""
     return float(sum(m is None for m in guesses_of(episode)))
 
 
-def num_guesses(episode: EpisodeResult) -> float:
+def num_guesses(episode: looprl.EpisodeResult) -> float:
     """Guesses used, valid or not (metric)."""
     return float(len(guesses_of(episode)))
 
 
-class WordleEnv(MultiTurnEnv):
+class WordleEnv(looprl.MultiTurnEnv):
     """Wordle as a multi-turn environment: feedback after each guess, at most six guesses."""
 
     pool: tuple[str, ...] = ()
     hint: int = 0
 
-    async def setup_state(self, task: Task) -> dict[str, Any]:
+    async def setup_state(self, task: looprl.Task) -> dict[str, Any]:
         """The secret word and the feedback shown so far."""
         return {"task": task, "target": task.answer, "history": [], "marks": [], "won": False}
 
@@ -179,10 +181,12 @@ class WordleEnv(MultiTurnEnv):
         more = f" (and {len(left) - self.hint} more)" if len(left) > self.hint else ""
         return f"Possible words: {', '.join(left[: self.hint])}{more}\n"
 
-    async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
+    async def env_response(
+        self, messages: list[looprl.Message], state: dict[str, Any]
+    ) -> list[looprl.Message]:
         """Judge the last guess; end the game on a win or after the sixth guess."""
         last = messages[-1]
-        text = answer_text(last)
+        text = looprl.answer_text(last)
         marks, feedback = judge(text, state["target"], word_lists()[1])
         state["history"].append(feedback)
         if marks is not None:
@@ -195,18 +199,20 @@ class WordleEnv(MultiTurnEnv):
             return []
         plural = "es" if left > 1 else ""
         hint = self.possible_words(state["marks"]) if self.hint else ""
-        return [Message(role="user", content=f"{feedback}\n{hint}{left} guess{plural} left.")]
+        return [
+            looprl.Message(role="user", content=f"{feedback}\n{hint}{left} guess{plural} left.")
+        ]
 
 
-def make_tasks(split: str, n: int, seed: int, pool: int | None = None) -> list[Task]:
+def make_tasks(split: str, n: int, seed: int, pool: int | None = None) -> list[looprl.Task]:
     """`n` games of a split with secret words drawn without replacement by `seed`."""
     words = [w for w in word_pool(pool) if split_of(w) == split]
     chosen = random.Random(f"wordle-{split}-{seed}").sample(words, min(n, len(words)))
     prompt = "Guess the secret word. You have 6 guesses."
     return [
-        Task(
+        looprl.Task(
             id=f"wordle-{hashlib.sha256(w.encode()).hexdigest()[:10]}",
-            prompt=[Message(role="user", content=prompt)],
+            prompt=[looprl.Message(role="user", content=prompt)],
             answer=w,
         )
         for w in chosen
@@ -226,7 +232,7 @@ def load_environment(
     possible after each guess (both off by default: the full game)."""
     if hint < 0:
         raise ValueError(f"wordle hint={hint}: the number of possible words to show is 0 or more")
-    rubric = Rubric(
+    rubric = looprl.Rubric(
         [win, partial_credit, fewer_guesses, invalid_guesses, num_guesses],
         weights=[1.0, 0.2, 0.2, 0.0, 0.0],
     )
@@ -240,7 +246,7 @@ def load_environment(
         rubric=rubric,
         train_tasks=lambda n, seed: make_tasks("train", n, seed, pool),
         eval_tasks=lambda n, seed: make_tasks("eval", n, seed, pool),
-        limits=Limits(
+        limits=looprl.Limits(
             max_turns=MAX_GUESSES,
             max_tokens_per_turn=max_tokens_per_turn,
             max_context_tokens=max_context_tokens,
