@@ -15,6 +15,16 @@ HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 
 
+def reap_children() -> None:
+    """Collect every exited child of this process without blocking: the code's own forks (they
+    count against the process limit) and orphans re-parented to a worker."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 class ProtocolError(Exception):
     """A peer sent something that is not a valid frame."""
 

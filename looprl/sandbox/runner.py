@@ -265,15 +265,6 @@ def _flush_streams(result: dict[str, Any], limits: SandboxLimits) -> None:
             result["message"] = (result["message"] + "; " if result["message"] else "") + note
 
 
-def _reap() -> None:
-    """Collect exited children of the code's own forks (they count against the process limit)."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-
-
 def serve(
     limits: SandboxLimits, persistent: bool, res_fd: int = RESULT_FD, ctl_fd: int = CONTROL_FD
 ) -> None:
@@ -297,11 +288,11 @@ def serve(
             used = resource.getrusage(resource.RUSAGE_SELF)
             cpu += int(used.ru_utime + used.ru_stime)
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        _reap()
+        proto.reap_children()
         _install_streams(limits, first=cell_no == 1)
         result = run_cell(request["code"], namespace, cell_no, limits)
         _flush_streams(result, limits)
-        _reap()
+        proto.reap_children()
         proto.write_frame(res_fd, result)
         if not persistent:
             os._exit(0)

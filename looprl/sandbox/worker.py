@@ -185,7 +185,9 @@ class Worker:
             if reap:
                 self._reap_child(child)  # blocks (no polling) until its exit is complete
             skip = -1 if child.reaped else child.pid
-            wait_gone(lambda: _uid_alive(uid, skip), _reap)  # then anything it started
+            wait_gone(
+                lambda: _uid_alive(uid, skip), proto.reap_children
+            )  # then anything it started
             return
         victims = _descendants(child.pid) | self._strays()
         if not keep_self:
@@ -194,7 +196,7 @@ class Worker:
             _kill(pid)
         if not keep_self and reap:
             self._reap_child(child)
-        wait_gone(lambda: any(_running(pid) for pid in victims), _reap)
+        wait_gone(lambda: any(_running(pid) for pid in victims), proto.reap_children)
 
     def _reap_child(self, child: Child) -> None:
         """Collect the child's exit through its template (its parent)."""
@@ -347,15 +349,6 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
-
-
-def _reap() -> None:
-    """Collect every exited child, including orphans re-parented to this worker."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
 
 
 def _ppid_map() -> dict[int, list[int]]:
