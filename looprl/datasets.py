@@ -5,7 +5,7 @@
 - a `.jsonl` file (one JSON object a line), a `.csv` file (a header row, then one row a task) or
   a `.parquet` file (read by row groups with `pyarrow`, only the mapped columns);
 - a directory written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict`), or a
-  `datasets.Dataset` / `DatasetDict` object; needs the `data` extra (`pip install 'looprl[data]'`);
+  `datasets.Dataset` / `DatasetDict` object; needs the `data` extra (`pip install -e '.[data]'`);
 - any iterable of row mappings (a list of dicts).
 
 Columns map to the task: `prompt` (a string becomes one user message; a list of
@@ -238,7 +238,7 @@ def _parquet_rows(path: Path, columns: Columns, hash_split: str | None) -> _Rows
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(
-            f"reading {path} needs pyarrow: pip install 'looprl[{DATA_EXTRA}]'"
+            f"reading {path} needs pyarrow: pip install -e '.[{DATA_EXTRA}]'"
         ) from None
     parquet = pq.ParquetFile(path)
     names = list(parquet.schema_arrow.names)
@@ -273,7 +273,7 @@ def _load_from_disk(path: Path) -> Any:
     except ImportError:
         raise ImportError(
             f"reading {path} (saved by datasets) needs the datasets package: "
-            f"pip install 'looprl[{DATA_EXTRA}]'"
+            f"pip install -e '.[{DATA_EXTRA}]'"
         ) from None
     return datasets.load_from_disk(str(path))
 

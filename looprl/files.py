@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -66,6 +70,9 @@ def import_module_or_file(target: str) -> ModuleType:
     """Import `target`: a `.py` file (as a module named after the file, not put in `sys.modules`)
     or a module path (`my_pkg.my_env`; `-` read as `_`, as pip names packages).
 
+    A file imports the files beside it while it runs, by name (`from helpers import score`) or
+    relatively (`from .helpers import score`): see `_folder_package` and `_siblings_importable`.
+
     Raises FileNotFoundError for a `.py` path that is not a file and ModuleNotFoundError for a
     module that cannot be found (or that imports one that cannot): each caller says which flag or
     argument to fix.
@@ -75,9 +82,67 @@ def import_module_or_file(target: str) -> ModuleType:
     path = Path(target)
     if not path.is_file():
         raise FileNotFoundError(f"no file {target}")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+    folder = path.resolve().parent
+    spec = importlib.util.spec_from_file_location(f"{_folder_package(folder)}.{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ModuleNotFoundError(f"{target} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with _siblings_importable(folder):
+        spec.loader.exec_module(module)
     return module
+
+
+def _folder_package(folder: Path) -> str:
+    """A package in `sys.modules` whose path is `folder`, named after its location
+    (`_looprl_dir_<hash>`): a loaded file's relative imports find the files beside it there, and
+    two folders with a `helpers.py` each never share one."""
+    name = "_looprl_dir_" + hashlib.sha1(str(folder).encode()).hexdigest()[:12]
+    if name not in sys.modules:
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+    return name
+
+
+def _sibling_names(folder: Path) -> set[str]:
+    """The top-level names the files and packages in `folder` import as (the standard library's
+    and `looprl`, which must stay the one the caller runs, left out)."""
+    names = {p.stem for p in folder.glob("*.py")} | {
+        p.name for p in folder.iterdir() if (p / "__init__.py").is_file()
+    }
+    return names - set(sys.stdlib_module_names) - {"looprl"}
+
+
+@contextlib.contextmanager
+def _siblings_importable(folder: Path) -> Iterator[None]:
+    """While a file of `folder` runs, `import helpers` finds `folder/helpers.py`.
+
+    `folder` goes first on `sys.path`, and modules imported from elsewhere under a sibling's
+    name are set aside; afterwards `sys.path` is as before, the siblings imported meanwhile leave
+    `sys.modules` (the loaded file keeps its references) and the set-aside modules come back.
+    Modules already imported from `folder` itself stay (a file beside a `looprl/` checkout
+    shares the one `looprl`). A sibling imported inside a function, after loading, is not
+    found: import siblings at the top of the file, or relatively.
+    """
+    names = _sibling_names(folder)
+    before = set(sys.modules)
+
+    def ours(key: str) -> bool:
+        return key.split(".")[0] in names
+
+    def elsewhere(module: ModuleType) -> bool:
+        file = getattr(module, "__file__", None)
+        return file is None or folder not in Path(file).resolve().parents
+
+    aside = [k for k in before if ours(k) and elsewhere(sys.modules[k])]
+    saved = {key: sys.modules.pop(key) for key in aside}
+    entry = str(folder)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        sys.path.remove(entry)
+        for key in [k for k in sys.modules if ours(k) and k not in before]:
+            del sys.modules[key]
+        sys.modules.update(saved)

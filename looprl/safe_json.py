@@ -76,6 +76,26 @@ def dumps(value: Any, *, indent: int | None = None, sort_keys: bool = False) -> 
     )
 
 
+def jsonable_part(obj: Any) -> Any:
+    """What JSON can hold of per-episode state: `obj` itself when `json.dumps` takes it; else a
+    dict with each value JSON cannot hold (a handle, a client) replaced by its `repr`, or the
+    `repr` of anything else."""
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        if isinstance(obj, dict):
+            out = {}
+            for k, v in obj.items():
+                try:
+                    json.dumps(v)
+                    out[str(k)] = v
+                except (TypeError, ValueError):
+                    out[str(k)] = repr(v)
+            return out
+        return repr(obj)
+
+
 def loads_strict(text: str | bytes) -> Any:
     """Parse JSON, refusing NaN and Infinity (what `dumps` writes always parses here)."""
     return json.loads(text, parse_constant=_reject_constant)

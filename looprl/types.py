@@ -281,7 +281,8 @@ class EpisodeResult:
     rewards: dict[str, float] = field(default_factory=dict)
     """Each reward function's and metric's value, by function name."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Rollout metrics (e.g. `template_breaks`)."""
+    """Rollout metrics (`template_breaks`; `prompt_tokens` and `completion_tokens` summed over the
+    turns when the engine reported a server's `usage`)."""
     errors: list[EpisodeError] = field(default_factory=list)
     """`EpisodeError` records; an episode with any is kept out of training."""
     tool_errors: dict[str, int] = field(default_factory=dict)
@@ -327,8 +328,10 @@ class EpisodeResult:
 
     @property
     def num_generated_tokens(self) -> int:
-        """Tokens sampled by the policy over all segments."""
-        return sum(t.num_sampled for t in self.trajectories)
+        """Tokens sampled by the policy over all segments; for a message-level engine (no token
+        ids) the server's count, `metrics["completion_tokens"]`, when it reported one."""
+        sampled = sum(t.num_sampled for t in self.trajectories)
+        return sampled or int(self.metrics.get("completion_tokens", 0))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -348,7 +351,9 @@ class EpisodeResult:
             "stop_reason": self.stop_reason,
             "timings": self.timings,
             "rollout_index": self.rollout_index,
-            "state": _jsonable({k: v for k, v in self.state.items() if not isinstance(v, Task)}),
+            "state": safe_json.jsonable_part(
+                {k: v for k, v in self.state.items() if not isinstance(v, Task)}
+            ),
             "policy_version": self.policy_version,
         }
 
@@ -383,24 +388,6 @@ class EpisodeResult:
     def from_json(cls, line: str) -> EpisodeResult:
         """Parse one JSONL line."""
         return cls.from_dict(json.loads(line))
-
-
-def _jsonable(obj: Any) -> Any:
-    """Keep only the JSON-serializable part of per-episode state (handles are dropped)."""
-    try:
-        json.dumps(obj)
-        return obj
-    except (TypeError, ValueError):
-        if isinstance(obj, dict):
-            out = {}
-            for k, v in obj.items():
-                try:
-                    json.dumps(v)
-                    out[str(k)] = v
-                except (TypeError, ValueError):
-                    out[str(k)] = repr(v)
-            return out
-        return repr(obj)
 
 
 @dataclass
@@ -447,6 +434,11 @@ class Generation:
     """The failure, when `finish_reason` is `error`."""
     seconds: float = 0.0
     """Wall time of the request."""
+    prompt_tokens: int | None = None
+    """Prompt tokens as the server counted them (its response's `usage`); None when unknown."""
+    completion_tokens: int | None = None
+    """Sampled tokens as the server counted them (`usage`); None when unknown. Token-level
+    engines' own count is `len(token_ids)`."""
 
 
 class Summary(TypedDict):
@@ -498,3 +490,5 @@ class Summary(TypedDict):
     """Seconds spent generating."""
     tokens_per_second: NotRequired[float]
     """Sampled tokens per second of generation."""
+    prompt_tokens: NotRequired[int]
+    """Prompt tokens over all requests, as a server counted them (only when it reported them)."""

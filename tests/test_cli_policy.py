@@ -101,7 +101,7 @@ def test_api_key_var_sends_the_key_from_the_environment(tmp_path, monkeypatch) -
 
     monkeypatch.setenv("MY_LOOPRL_KEY", "sk-from-env")
     with FakeOpenAIServer(script=["The answer is 1."]) as srv:
-        args = ["eval", "calculator", "-b", srv.base_url, "-m", "fake", "-n", "1", "-r", "1"]
+        args = ["eval", "calculator", "-b", srv.base_url, "-m", "fake-model", "-n", "1", "-r", "1"]
         assert main([*args, "--api-key-var", "MY_LOOPRL_KEY", "--output", str(tmp_path / "o")]) == 0
     auth = {r.headers.get("authorization") for r in srv.requests}
     assert auth == {"Bearer sk-from-env"}  # the preflight and every completion

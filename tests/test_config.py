@@ -68,7 +68,9 @@ def test_resume_without_a_config_file_continues_with_the_recorded_config(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps({"config": started.model_dump()}))
 
     def args(config=None, resume=True):
-        return argparse.Namespace(config=config, resume=resume, run_dir=str(tmp_path), nproc=1)
+        return argparse.Namespace(
+            config=config, resume=resume, run_dir=str(tmp_path), nproc=1, force=False
+        )
 
     cfg, run_dir = train_config(args(), ["--trainer.steps", "20"])
     assert run_dir == tmp_path and cfg.model.lora and cfg.algorithm.preset == "cispo"
@@ -83,3 +85,35 @@ def test_resume_without_a_config_file_continues_with_the_recorded_config(tmp_pat
     (tmp_path / "config.json").unlink()
     with pytest.raises(ConfigError, match="does not exist.*TOML config the run was started"):
         train_config(args(), [])
+
+
+@pytest.mark.parametrize(
+    ("argv", "toml", "needle"),
+    [
+        (["--learning_rate", "1e-5"], None, "did you mean --optim.lr? learning_rate is TRL's"),
+        (["--num-generations=8"], None, "did you mean --rollout.rollouts_per_task?"),
+        (["--optim.learning_rate", "1e-5"], None, "did you mean --optim.lr?"),
+        (["--trainer.beta", "0.04"], None, "did you mean --algorithm.overrides.kl_coef?"),
+        (["--max_steps", "5"], None, "did you mean --trainer.steps?"),
+        (["--temperature", "0.7"], None, "did you mean --rollout.temperature?"),
+        (["--trainer.lr", "1e-5"], None, "did you mean --optim.lr?"),
+        ([], "per_device_train_batch_size = 8\n", "did you mean rollout.tasks_per_step?"),
+        ([], "[trainer]\nmax_completion_length = 256\n", "did you mean rollout.max_tokens?"),
+        ([], "[optim]\ngradient_accumulation_steps = 4\n", "trainer.micro_batch_tokens"),
+        ([], "num_train_epochs = 1\n", "did you mean trainer.steps?"),
+    ],
+)
+def test_trl_field_names_point_to_ours(capsys, tmp_path, argv, toml, needle):
+    """The names people bring from TRL and verifiers get looprl's field, on the CLI and in TOML."""
+    from looprl.cli.main import main
+
+    head = []
+    if toml is not None:
+        (tmp_path / "trl.toml").write_text(toml)
+        head = [str(tmp_path / "trl.toml")]
+    assert main(["train", *head, "--run-dir", str(tmp_path / "run"), *argv]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and " — " in lines[0], err
+    assert needle in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

@@ -203,7 +203,7 @@ def test_a_saved_dataset_without_the_data_extra_names_it(tmp_path, monkeypatch):
     saved.mkdir()
     (saved / "dataset_info.json").write_text("{}", "utf-8")
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now fails
-    with pytest.raises(ImportError, match=r"pip install 'looprl\[data\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[data\]'"):
         load_tasks(saved)
 
 

@@ -123,7 +123,7 @@ def test_eval_concurrency_reaches_the_server(tmp_path):
     from looprl.testing.fake_openai import FakeOpenAIServer
 
     with FakeOpenAIServer(script=["The answer is 1."], delay=0.3) as srv:
-        args = ["eval", "calculator", "--base-url", srv.base_url, "--model", "fake"]
+        args = ["eval", "calculator", "--base-url", srv.base_url, "--model", "fake-model"]
         args += ["-n", "20", "-r", "2", "--concurrency", "20", "--output", str(tmp_path / "c")]
         assert main(args) == 0
         assert srv.max_in_flight > 32  # the engine's default cap before the flag reached it

@@ -1,6 +1,8 @@
-"""Tier 1: the one JSONL reader: objects with their line numbers, and errors naming the line."""
+"""Tier 1: the one JSONL reader (line numbers, errors naming the line); a file imports its siblings."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +40,47 @@ def test_rows_before_a_bad_line_are_read_lazily(tmp_path):
     assert next(rows) == (1, {"a": 1})
     with pytest.raises(ValueError, match="rows.jsonl:2: not valid JSON"):
         next(rows)
+
+
+def _two_files(folder, value: int, relative: bool = False):
+    """A folder holding `env_main.py`, which imports `helpers.py` beside it; the main file."""
+    folder.mkdir(parents=True)
+    (folder / "helpers.py").write_text(f"VALUE = {value}\n")
+    dot = "." if relative else ""
+    (folder / "env_main.py").write_text(f"from {dot}helpers import VALUE\n\nGOT = VALUE\n")
+    return folder / "env_main.py"
+
+
+def test_a_file_imports_the_files_beside_it_and_leaves_no_trace(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from looprl.files import import_module_or_file
+
+    other = types.ModuleType("helpers")  # someone else's `helpers`, imported before
+    monkeypatch.setitem(sys.modules, "helpers", other)
+    path_before = list(sys.path)
+    one = import_module_or_file(str(_two_files(tmp_path / "one", 1)))
+    two = import_module_or_file(str(_two_files(tmp_path / "two", 2)))
+    rel = import_module_or_file(str(_two_files(tmp_path / "rel", 3, relative=True)))
+    assert (one.GOT, two.GOT, rel.GOT) == (1, 2, 3)  # each folder its own helpers
+    assert sys.modules["helpers"] is other and sys.path == path_before
+
+
+def test_a_multi_file_environment_recipe_runs_from_the_cli(tmp_path, monkeypatch):
+    """docs/environments.md, "An environment of several files": `looprl probe rectangles/env.py`."""
+    import re
+    import sys
+
+    from looprl.cli.main import main
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    section = doc.split("## An environment of several files", 1)[1]
+    geometry, env = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)[:2]
+    (tmp_path / "rectangles").mkdir()
+    (tmp_path / "rectangles" / "geometry.py").write_text(geometry)
+    (tmp_path / "rectangles" / "env.py").write_text(env)
+    monkeypatch.chdir(tmp_path)
+    argv = ["probe", "rectangles/env.py", "--tasks", "4", "--strict", "--out", "out"]
+    assert main(argv) == 0  # as the doc says: every exploit resisted
+    assert "geometry" not in sys.modules

@@ -22,8 +22,8 @@ from looprl.rollout.loop import episode_seed, run_group
 from looprl.trainer.config import load_config
 from looprl.trainer.trainer import Trainer
 
-pytest.importorskip("verifiers", reason="make setup installs the verifiers extra")
-pytest.importorskip("openenv", reason="make setup installs the openenv extra")
+pytest.importorskip("verifiers", reason="make setup-test installs the verifiers extra")
+pytest.importorskip("openenv", reason="make setup-test installs the openenv extra")
 
 HERE = Path(__file__).parent / "foreign"
 VF = f"verifiers:{HERE / 'vf_envs.py'}"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import check_token_invariants, run_episode
 
-pytest.importorskip("mcp", reason="the mcp extra: pip install 'looprl[mcp]'")
+pytest.importorskip("mcp", reason="the mcp extra: pip install -e '.[mcp]'")
 
 from looprl.envs.base import ToolEnv  # noqa: E402
 from looprl.kit import tool_call_validity  # noqa: E402
@@ -127,7 +127,7 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(mcp_config.importlib.metadata, "version", missing)
-    with pytest.raises(ImportError, match=r"pip install 'looprl\[mcp\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[mcp\]'"):
         MCPTools([stdio()])
     monkeypatch.setattr(mcp_config.importlib.metadata, "version", lambda name: "1.26.0")
     with pytest.raises(ImportError, match=r"mcp>=2 \(the installed version is 1.26.0\)"):

@@ -103,7 +103,9 @@ def test_load_model_local_directory(cache: Path) -> None:
     """A local HF directory loads by path; a directory without config.json is refused."""
     model, tok = load_model(str(cache / TINY_NAME), device="cpu")
     assert model.config.vocab_size == len(tok)
-    with pytest.raises(ValueError, match="without config.json"):
+    with pytest.raises(
+        ValueError, match=r"not a Hugging Face model directory \(missing: config.json"
+    ):
         resolve_model_path(str(cache))
 
 

@@ -256,3 +256,60 @@ def test_small_operand_ranges_give_their_whole_pool() -> None:
     assert {next(stream).prompt[-1].content for _ in range(len(train))} == {
         t.prompt[0].content for t in train
     }
+
+
+def _doc_section(heading: str) -> str:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    return doc.split(heading, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_your_own_reference_recipe_runs_from_the_cli(tmp_path, capsys, monkeypatch):
+    """docs/environments.md, "A probe profile with your own reference", and --reference."""
+    from looprl.cli.main import main
+
+    (tmp_path / "squares.py").write_text(
+        _doc_section("### A probe profile with your own reference")
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "squares.py", "--tasks", "10", "--strict", "--out", "a"]) == 0
+    doc = json.loads((tmp_path / "a" / "probe.json").read_text())
+    assert doc["reference"]["mean_reward"] == 1.0 and doc["baseline"]["mean_reward"] == 0.0
+    argv = ["probe", "number_final", "--tasks", "2", "--reference", "squares.py:solve"]
+    assert main([*argv, "--out", "b"]) == 0  # another environment's reference: wrong numbers
+    assert json.loads((tmp_path / "b" / "probe.json").read_text())["reference"]["mean_reward"] == 0
+    capsys.readouterr()
+    for spec, needle in (("squares.py:nosuch", "has no function 'nosuch'"),
+                         ("squares.py", "is not MODULE:FN"), ("nosuch.py:f", "cannot import")):  # fmt: skip
+        assert main(["probe", "squares.py", "--reference", spec, "--out", "c"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: --reference") and needle in err, err
+        assert "Traceback" not in err and not (tmp_path / "c").exists()
+
+
+def test_a_reference_needs_no_name(tiny_tokenizer):
+    """An object with reply() but no name, a bare function, a class: each is the reference row."""
+
+    class Answers:
+        def reply(self, turn: Turn) -> str:
+            return turn.fmt(turn.answer)
+
+    def answers(turn: Turn) -> str:
+        return turn.fmt(turn.answer)
+
+    for reference in (Answers(), answers, Answers):
+        env = _word_env([])
+        env.probe_profile.reference = reference  # type: ignore[attr-defined]
+        result = asyncio.run(run_probe(env, env_name="word", tasks=3, tokenizer=tiny_tokenizer))
+        assert result.reference.name == "reference" and result.reference.episodes == 3
+        roles = {
+            ep.task.info["probe_role"]
+            for ep in result.episodes
+            if ep.task.id.endswith("~reference")
+        }
+        assert roles == {"reference"}
+    with pytest.raises(TypeError, match="not a policy; give a function turn -> str"):
+        env = _word_env([])
+        env.probe_profile.reference = 42  # type: ignore[attr-defined]
+        asyncio.run(run_probe(env, env_name="word", tasks=3, tokenizer=tiny_tokenizer))

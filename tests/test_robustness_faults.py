@@ -149,7 +149,7 @@ def test_eval_with_a_hung_tool_exits_promptly_and_fails_loudly(tmp_path) -> None
             "--base-url",
             srv.base_url,
         ]
-        cmd += ["--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
+        cmd += ["--model", "fake-model", "-n", "3", "-r", "2", "--output", str(out)]
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         seconds = time.monotonic() - t0
@@ -170,7 +170,8 @@ def test_eval_resume_reruns_groups_lost_to_a_dead_server(tmp_path, capsys, monke
     dead = FakeOpenAIServer(script=["x"]).start()
     dead_url = dead.base_url
     dead.stop()  # nothing listens there now
-    args = ["eval", "calculator", "--model", "fake", "-n", "3", "-r", "2", "--output", str(out)]
+    args = ["eval", "calculator", "--model", "fake-model", "-n", "3", "-r", "2"]
+    args += ["--output", str(out)]
     assert main([*args, "--base-url", dead_url]) == 2  # the preflight finds it: nothing written
     assert not out.exists() and dead_url in capsys.readouterr().err
     # a server that dies after the preflight: every episode errors, the run fails

@@ -172,7 +172,7 @@ def test_mode_is_offline_unless_asked(monkeypatch):
 def test_without_wandb_installed_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now fails
     run = load_config(None, {"run.wandb": True}).run
-    with pytest.raises(ImportError, match=r"pip install 'looprl\[wandb\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[wandb\]'"):
         for_run(run, tmp_path, {}, resume=False)
     assert for_run(load_config(None, {}).run, tmp_path, {}, resume=False) is None
 

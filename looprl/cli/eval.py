@@ -2,8 +2,9 @@
 
 Order of checks, cheapest first and all before any work: the flags (pydantic: sampling settings,
 counts), the API key variable, the environment and its `--env.KEY` arguments, then the policy
-(`--policy MODULE:FN` imports), the server (`--base-url`: one `GET /models`) or the model name,
-then the output directory. Only then does the evaluation start and write anything.
+(`--policy MODULE:FN` imports), the server (`--base-url`: one `GET /models` that finds a dead
+server, a refused key and a model the server does not serve) or the model name, then the output
+directory. Only then does the evaluation start and write anything.
 """
 
 from __future__ import annotations
@@ -88,8 +89,14 @@ def run_eval_command(args: argparse.Namespace, dotted: list[str]) -> int:
     values.update(env_kwargs=overrides["env"], engine=overrides["engine"])
     cfg: EvalConfig = config_from_args(EvalConfig, values, names={"env": "ENV"})
     env = check_eval(cfg)
-    cfg = cfg.model_copy(update={"output": output_dir(cfg)})
-    outcome = evaluate_and_report(cfg, env)
+    output = output_dir(cfg)
+    cfg = cfg.model_copy(update={"output": output})
+    try:
+        outcome = evaluate_and_report(cfg, env)
+    except KeyboardInterrupt:
+        from looprl.cli.interrupts import eval_interrupted
+
+        raise eval_interrupted(args.argv, output) from None
     if outcome.status != "failed":
         return 0
     errored = outcome.summary["rollout_errors"]
@@ -120,7 +127,8 @@ def check_eval(cfg: EvalConfig) -> Environment:
         except ValueError as exc:
             raise usage_error(str(exc), "pass --policy MODULE:FN") from None
     elif cfg.base_url:
-        preflight(cfg.base_url, cfg.api_key_value())
+        served = preflight(cfg.base_url, cfg.api_key_value())
+        check_served_model(cfg.base_url, served, cfg.model)
     else:
         check_model(cfg.model, "--model")
     return env
@@ -190,14 +198,18 @@ def env_parameters(name: str) -> dict[str, inspect.Parameter]:
         module, _, function = BUILTIN.get(name, name).partition(":")
         factory = getattr(importlib.import_module(module), function or "load_environment")
         sig = inspect.signature(factory, eval_str=True)
-    except (ImportError, AttributeError, ValueError, TypeError, NameError):
+    except Exception:  # a module that fails to import: load_environment then names the problem
         return {}
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {k: p for k, p in sig.parameters.items() if p.kind in kinds}
 
 
-def preflight(base_url: str, api_key: str | None) -> None:
-    """One `GET {base_url}/models` before any episode: a dead server or a refused key is a UsageError."""
+def preflight(base_url: str, api_key: str | None) -> list[str] | None:
+    """One `GET {base_url}/models` before any episode; the ids of the models the server lists.
+
+    A dead server or a refused key (401, 403) is a UsageError. None when the server has no
+    usable model list (some servers lack the route): the model is then not checked.
+    """
     import httpx
 
     url = base_url.rstrip("/") + "/models"
@@ -216,10 +228,43 @@ def preflight(base_url: str, api_key: str | None) -> None:
             "--base-url (it ends in /v1)",
         ) from None
     if reply.status_code in (401, 403):
+        sent = _key_source(api_key)
         raise UsageError(
-            f"the server at {base_url} refused the API key (HTTP {reply.status_code})",
-            "pass the right key with --api-key-var NAME (the environment variable holding it)",
+            f"the server at {base_url} refused the API key (HTTP {reply.status_code}; sent {sent})",
+            "export the key and pass --api-key-var NAME (the environment variable holding it; "
+            "OPENAI_API_KEY is read when the flag is not given)",
         )
+    return served_models(reply) if reply.status_code == 200 else None
+
+
+def _key_source(api_key: str | None) -> str:
+    """Where the key sent came from, for the refusal's message (never the key itself)."""
+    if api_key:
+        return "the key from --api-key-var or --api-key"
+    if os.environ.get("OPENAI_API_KEY"):
+        return "$OPENAI_API_KEY"
+    return "no key"
+
+
+def served_models(reply: Any) -> list[str] | None:
+    """The model ids of a `/models` reply (`{"data": [{"id": ...}, ...]}`); None if it has none."""
+    try:
+        data = reply.json().get("data")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    ids = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id") is not None]
+    return ids or None
+
+
+def check_served_model(base_url: str, served: list[str] | None, model: str) -> None:
+    """A `--model` the server does not list is a UsageError naming what it serves."""
+    if served is None or model in served:
+        return
+    shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+    choice = nearest(model, served) or served[0]
+    raise UsageError(f"the server at {base_url} serves {shown}, not {model}", f"pass -m {choice}")
 
 
 def output_dir(cfg: EvalConfig) -> Path:

@@ -30,6 +30,15 @@ class UsageError(Exception):
         super().__init__(f"{self.what} — {self.fix}")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a command that can say what it kept: `what` stopped, `fix` resumes it."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        self.what = " ".join(what.split())
+        self.fix = " ".join(fix.split())
+        super().__init__(f"{self.what} — {self.fix}")
+
+
 def usage_error(message: str, fix: str) -> UsageError:
     """A lower layer's message as a UsageError: its own advice after the first '; ' is the fix."""
     what, sep, own = " ".join(message.split()).partition("; ")

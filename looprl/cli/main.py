@@ -3,9 +3,11 @@
 Each command lives in its own module (`cli_eval`, `cli_train`, `cli_env`) and registers itself
 here. A user mistake anywhere is a `UsageError` (or a `ConfigError`): `main` prints one line,
 `error: <what> — <the fix>`, on stderr and returns 2; `LOOPRL_DEBUG=1` adds the traceback.
-Anything else is a bug and keeps its traceback (exit 1). A command's function takes
-`(args, dotted)`: `dotted` holds its `--section.field VALUE` options (a command registered with
-`dotted=False` refuses them).
+Ctrl-C prints one line, `interrupted: <what was kept> — <how to resume>` (an `Interrupted`
+raised by the command, `looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
+of stdout that goes away (`| head`) ends the command quietly with 0. Anything else is a bug and
+keeps its traceback (exit 1). A command's function takes `(args, dotted)`: `dotted` holds its
+`--section.field VALUE` options (a command registered with `dotted=False` refuses them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import traceback
 from typing import Any, NoReturn
 
 from looprl.cli.eval import parse_overrides
-from looprl.cli.fields import UsageError, did_you_mean, usage_error
+from looprl.cli.fields import Interrupted, UsageError, did_you_mean, usage_error
 
 __all__ = ["main", "parse_overrides", "split_dotted"]
 
@@ -66,7 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     from looprl.trainer.config import ConfigError
 
     try:
-        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, with how to resume when there is a way
+        if os.environ.get("LOOPRL_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"interrupted: {exc}" if isinstance(exc, Interrupted) else "interrupted",
+            file=sys.stderr,
+        )
+        return 130
     except (UsageError, ConfigError) as exc:
         if os.environ.get("LOOPRL_DEBUG"):
             traceback.print_exc()
@@ -81,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _reader_gone() -> int:
+    """The reader of stdout left (`looprl config show | head`): stop quietly, exit 0, as ruff does.
+
+    What is still buffered for stdout goes to /dev/null, so the flush at interpreter exit does
+    not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
 def _dispatch(argv: list[str]) -> int:
     parser, commands = build_parser()
     plain, dotted = split_dotted(argv)
@@ -90,6 +115,10 @@ def _dispatch(argv: list[str]) -> int:
         command = commands[args.command]
         flag = next((u for u in unknown if u.startswith("-")), unknown[0])
         hint = did_you_mean(flag.split("=")[0], command.flags()) if flag.startswith("-") else ""
+        if args.command in ("train", "config") and flag.startswith("--"):
+            from looprl.trainer.config import foreign_name_hint  # learning_rate -> optim.lr
+
+            hint = foreign_name_hint(flag) or hint
         raise UsageError(
             f"unrecognized argument {flag} for looprl {args.command}",
             hint or f"see looprl {args.command} --help",

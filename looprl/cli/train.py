@@ -59,6 +59,11 @@ class SFTConfig(BaseModel):
         "full-logits pass",
     )
     seed: int = Field(0, description="seed of shuffling and initialisation")
+    overwrite: bool = Field(
+        False,
+        description="replace an existing --output model (the new one is written beside it and "
+        "swapped in at the end; until then the old one stays)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -89,6 +94,12 @@ def _train_parser(sub: Any) -> None:
         "the config the run recorded in its config.json)",
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: continue even where the config differs from the run's config.json "
+        "in a field that changes what the run learns (docs/config.md, Resuming a run)",
+    )
+    p.add_argument(
         "--run-dir", default=None, help="run directory (default runs/NAME from the config)"
     )
     p.add_argument(
@@ -115,18 +126,40 @@ def torchrun_command(argv: list[str], nproc: int) -> list[str]:
 
 
 def train_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Path | None]:
-    """The run's config and directory. `--resume --run-dir DIR` without a TOML file continues
-    with the config the run recorded (overrides still apply), not with the defaults."""
+    """The run's config (its paths absolute) and directory. `--resume --run-dir DIR` without a
+    TOML file continues with the config the run recorded (overrides still apply), not with the
+    defaults; a resumed config that changes what the run learns is refused unless `--force`."""
     from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides, recorded_config
+    from looprl.trainer.run_config import absolute_paths
 
     run_dir = Path(args.run_dir) if args.run_dir else None
     base = recorded_config(run_dir) if args.resume and run_dir and args.config is None else None
-    cfg = load_config(args.config, parse_cli_overrides(extra), base=base)  # errors: one line
+    cfg = absolute_paths(load_config(args.config, parse_cli_overrides(extra), base=base))
     if args.resume and run_dir is None:
         if cfg.run.name is None:
             raise ConfigError("--resume needs a run directory; pass --run-dir DIR or set run.name")
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if args.resume and run_dir is not None and not args.force:
+        check_resume_config(run_dir, cfg)
     return cfg, run_dir
+
+
+def check_resume_config(run_dir: Path, cfg: Any) -> None:
+    """Refuse, naming each field, a config that differs from the one `run_dir` recorded in a
+    field that changes what the run learns (a run with no `config.json` yet passes)."""
+    from looprl.trainer.config import recorded_config
+    from looprl.trainer.run_config import resume_changes
+
+    if not (run_dir / "config.json").is_file():
+        return
+    changes = resume_changes(recorded_config(run_dir), cfg)
+    if changes:
+        raise UsageError(
+            f"--resume: the config differs from the one {run_dir} was trained with: "
+            + "; ".join(changes),
+            "drop the changed settings to continue as recorded, or pass --force to continue with "
+            "them (docs/config.md lists what a resume may change)",
+        )
 
 
 def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
@@ -135,6 +168,8 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
 
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc} is below 1", "pass --nproc 1 or more")
+    if args.force and not args.resume:
+        raise UsageError("--force without --resume", "--force accepts a changed config on resume")
     cfg, run_dir = train_config(args, extra)
     check_model(cfg.model.name, "--model.name")
     if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
@@ -148,7 +183,12 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
     from looprl.trainer.trainer import Trainer
 
     trainer = Trainer(cfg, run_dir=run_dir, resume=args.resume)
-    trainer.run()
+    try:
+        trainer.run()
+    except KeyboardInterrupt:
+        from looprl.cli.interrupts import train_interrupted
+
+        raise train_interrupted(args.argv, trainer.run_dir) from None
     return 0
 
 
@@ -176,8 +216,46 @@ def run_sft_command(args: argparse.Namespace, dotted: list[str]) -> int:
     except ValueError as exc:
         raise usage_error(str(exc), "fix the line (see looprl sft --help)") from None
     check_model(cfg.model, "--model")
-    _sft(cfg, rows)
+    check_sft_output(cfg.output, cfg.overwrite)
+    try:
+        _sft(cfg, rows)
+    except KeyboardInterrupt:
+        from looprl.cli.interrupts import sft_interrupted
+
+        raise sft_interrupted(cfg.output) from None
     return 0
+
+
+def check_sft_output(output: Path, overwrite: bool) -> None:
+    """Refuse an existing `--output` unless `--overwrite`, and even then anything but a model
+    directory (or an empty one): a mistyped path must not replace a run or a folder of files."""
+    if not output.exists():
+        return
+    if not overwrite:
+        raise UsageError(
+            f"--output {output} already exists",
+            "choose another --output, or pass --overwrite to replace the model there",
+        )
+    if not _replaceable(output):
+        raise UsageError(
+            f"--output {output} is not a model directory, and --overwrite replaces only a model",
+            "choose another --output (a new directory)",
+        )
+
+
+def _replaceable(path: Path) -> bool:
+    """True for an empty directory or a Hugging Face model directory (config, weights, tokens)."""
+    from looprl.models.loading import check_model_dir
+
+    if not path.is_dir() or path.is_symlink():
+        return False
+    if not any(path.iterdir()):
+        return True
+    try:
+        check_model_dir(path)
+    except ValueError:
+        return False
+    return True
 
 
 def _sft(cfg: SFTConfig, rows: list[dict[str, Any]]) -> None:
@@ -236,5 +314,6 @@ def run_config_command(args: argparse.Namespace, extra: list[str]) -> int:
 def config_markdown() -> str:
     """docs/config.md: the head above and one table per section of `TrainConfig`."""
     from looprl.trainer.config import TrainConfig
+    from looprl.trainer.run_config import resume_markdown
 
-    return CONFIG_DOC_HEAD + fields_markdown(TrainConfig)
+    return CONFIG_DOC_HEAD + resume_markdown() + fields_markdown(TrainConfig)

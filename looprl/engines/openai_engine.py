@@ -16,6 +16,8 @@ Requests run under a semaphore (`max_concurrency`), each attempt under a wall-cl
 Connection errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff plus a small
 seeded jitter (429 also honours `Retry-After`); other 4xx are not retried. A request that finally
 fails returns `Generation(finish_reason="error", error=...)`: `generate` never raises.
+A response's `usage` (prompt and completion tokens, as the server counted them) is kept on the
+`Generation`, so a message-level evaluation reports real token counts and tokens/s.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class OpenAIEngine:
                 path, payload = "/chat/completions", self._chat_payload(request)
             data = await self._post(path, payload)
             gen = self._parse_completion(data) if self.token_level else self._parse_chat(data)
+            gen.prompt_tokens, gen.completion_tokens = _usage(data)
         except _RequestFailed as e:
             self.stats["errors"] += 1
             gen = Generation(text="", finish_reason="error", error=f"OpenAIEngine: {e}")
@@ -411,6 +414,21 @@ def _first_choice(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise _RequestFailed(f"response has no choices: {_short(data)}")
     return choices[0]
+
+
+def _usage(data: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens from a response's `usage`; None for a count it lacks."""
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    """A token count: a non-negative integer, else None (a server's `null` or nonsense)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _finish_reason(reason: Any) -> FinishReason:

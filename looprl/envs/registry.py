@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import traceback
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
@@ -66,12 +67,43 @@ def _import_target(name: str) -> Any:
             return ep.load()
     try:
         return import_module_or_file(name)
-    except ModuleNotFoundError as exc:
-        if name.endswith(".py"):
-            raise  # the file was found; a module it imports is not installed
-        raise _unknown(name) from exc
     except FileNotFoundError as exc:
         raise _unknown(name) from exc
+    except ModuleNotFoundError as exc:
+        if not name.endswith(".py") and _is_the_module(exc, name):
+            raise _unknown(name) from exc
+        raise _import_failed(name, exc) from exc
+    except Exception as exc:  # the user's module: a syntax error or an error while it runs
+        raise _import_failed(name, exc) from exc
+
+
+def _is_the_module(exc: ModuleNotFoundError, name: str) -> bool:
+    """True when the missing module is `name` itself (or a package above it), not one it imports."""
+    missing = exc.name or ""
+    module = name.replace("-", "_")
+    return module == missing or module.startswith(missing + ".")
+
+
+def _import_failed(name: str, exc: BaseException) -> ValueError:
+    """The error for an environment module that fails to import: the file, line and problem."""
+    if isinstance(exc, SyntaxError):
+        where = f"{exc.filename}:{exc.lineno}" if exc.filename else name
+        problem = f"{type(exc).__name__} at {where}: {exc.msg}"
+        fix = "fix the file"
+    elif isinstance(exc, ModuleNotFoundError):
+        problem = f"it imports {exc.name!r}, which is not installed"
+        fix = f"install the package that provides {exc.name!r}, or remove the import"
+    else:
+        problem = f"{type(exc).__name__} at {_where(exc)}: {exc}"
+        fix = "fix the module (LOOPRL_DEBUG=1 shows the traceback)"
+    problem = problem.replace("; ", ", ")  # "; " starts the fix (see looprl.cli.fields.usage_error)
+    return ValueError(f"environment {name} failed to import ({problem}); {fix}")
+
+
+def _where(exc: BaseException) -> str:
+    """`file:line` of the innermost frame of `exc`'s traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
 def _unknown(name: str) -> ValueError:
@@ -110,8 +142,10 @@ def load_environment(name: str, **kwargs: Any) -> Environment:
             f"load_environment of {name!r} rejected the arguments {sorted(kwargs)}: {exc}"
         ) from exc
     if not isinstance(env, Environment):
-        raise TypeError(
-            f"load_environment of {name!r} returned {type(env).__name__}, expected a looprl Environment"
+        raise ValueError(
+            f"load_environment of {name!r} returned {type(env).__name__}, not a looprl "
+            "Environment; return an instance of a looprl environment class (looprl.ToolEnv, "
+            "looprl.SingleTurnEnv, ...)"
         )
     for apply in applies:
         apply(env)

@@ -2,10 +2,11 @@
 
 `run_eval(job)` runs an `EvalJob` (an environment, an engine and its tasks) to the end: results
 streamed to `results.jsonl`, resume, the summary, the verdict on errored episodes, and
-`metadata.json` kept true at every exit (running, finished, failed, crashed, interrupted). The
-trainer builds its job from what it already holds; `eval_job(cfg)` builds one from names (the
-command line's flags, typed as `EvalConfig`); `evaluate_and_report(cfg)` adds the progress bar
-and the printed table that `looprl eval` and the demo show.
+`metadata.json` kept true at every exit (running, finished, failed, crashed, interrupted), and
+`summary.json` at the end. The trainer builds its job from what it already holds; `eval_job(cfg)`
+builds one from names (the command line's flags, typed as `EvalConfig`); `evaluate_and_report(cfg)`
+adds the progress (a bar on a terminal, plain lines in a log) and the printed table that
+`looprl eval` and the demo show.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from looprl import safe_json
 from looprl.console import console
 from looprl.engines.base import Engine
 from looprl.engines.config import EngineSection
@@ -46,8 +48,9 @@ Status = Literal["finished", "finished_with_errors", "failed"]
 class EvalJob:
     """An evaluation ready to run.
 
-    `output` (a directory) receives `results.jsonl` and `metadata.json` (`metadata` is merged
-    into the latter); without it nothing is written. `resume` keeps the finished groups already
+    `output` (a directory) receives `results.jsonl`, `metadata.json` (`metadata` is merged
+    into it) and, when the evaluation ends, `summary.json` (the summary's fields with `status`
+    and `seconds`); without it nothing is written. `resume` keeps the finished groups already
     in `output` and runs the rest (and every group that holds an infrastructure error).
     """
 
@@ -97,9 +100,11 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
             max_concurrent_groups=job.max_concurrent_groups, on_group=job.on_group,
         )  # fmt: skip
     except BaseException as exc:  # Ctrl-C or a bug: say so in the metadata, keep the results
+        # under asyncio.run, Ctrl-C reaches the running evaluation as a cancellation
+        stopped = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
         metadata.update(
-            status="interrupted" if isinstance(exc, KeyboardInterrupt) else "crashed",
-            error=f"{type(exc).__name__}: {exc}",
+            status="interrupted" if stopped else "crashed",
+            error="interrupted (Ctrl-C)" if stopped else f"{type(exc).__name__}: {exc}",
             resume_hint="finished groups are kept in results.jsonl; rerun with --resume",
         )
         _write(job, metadata)
@@ -112,6 +117,9 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
     status: Status = "failed" if failed else "finished_with_errors" if headline else "finished"
     metadata.update(status=status, summary=summary, seconds=seconds)
     _write(job, metadata)
+    if job.output is not None:  # for scripts: the printed summary, the status, the time
+        record = {"status": status, "seconds": seconds, **summary}
+        write_text_atomically(job.output / "summary.json", safe_json.dumps(record, indent=2))
     return EvalOutcome(episodes, summary, seconds, status, headline, skipped)
 
 
@@ -249,16 +257,17 @@ Policy = Callable[[list[Message]], str]
 """A scripted policy: the conversation so far -> the next assistant text (see looprl.sft.teachers)."""
 
 
-def load_policy(spec: str) -> Policy:
-    """Import `MODULE:FN` (a module path or a .py file before the colon); ValueError says why not."""
+def load_policy(spec: str, flag: str = "--policy") -> Policy:
+    """Import `MODULE:FN` (a module path or a .py file before the colon); ValueError says why not
+    (naming `flag`, the option that gave `spec`)."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"--policy {spec!r} is not MODULE:FN; write it as my_module:my_policy")
+        raise ValueError(f"{flag} {spec!r} is not MODULE:FN; write it as my_module:my_policy")
     try:
         module = import_module_or_file(module_name)
     except (FileNotFoundError, ModuleNotFoundError) as exc:
         raise ValueError(
-            f"--policy {spec!r}: cannot import {module_name!r} ({exc}); give an importable module "
+            f"{flag} {spec!r}: cannot import {module_name!r} ({exc}); give an importable module "
             "or a .py file"
         ) from None
     fn = getattr(module, attr, None)
@@ -267,7 +276,7 @@ def load_policy(spec: str) -> Policy:
             n for n in vars(module) if callable(vars(module)[n]) and not n.startswith("_")
         )
         raise ValueError(
-            f"--policy {spec!r}: {module_name} has no function {attr!r}; it has {names[:12]}"
+            f"{flag} {spec!r}: {module_name} has no function {attr!r}; it has {names[:12]}"
         )
     return fn  # type: ignore[no-any-return]
 
@@ -299,7 +308,7 @@ def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> Eval
         console.print(
             f"[yellow]skipped {outcome.skipped_lines} malformed line(s) of results.jsonl[/]"
         )
-    print_summary(outcome.summary, title=f"{job.env.name} · {cfg.model}")
+    print_summary(outcome.summary, title=f"{job.env.name} · {cfg.policy or cfg.model}")
     if outcome.headline:
         style = "bold red" if outcome.status == "failed" else "yellow"
         console.print(f"[{style}]{outcome.headline}[/]", highlight=False)
@@ -309,7 +318,10 @@ def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> Eval
         )
     if cfg.save_sft is not None:
         save_sft_traces(job.env, outcome.episodes, cfg.save_sft, cfg.pass_threshold)
-    console.print(f"results: {output / 'results.jsonl'}\nmetadata: {output / 'metadata.json'}")
+    console.print(
+        f"results: {output / 'results.jsonl'}\nmetadata: {output / 'metadata.json'}\n"
+        f"summary: {output / 'summary.json'}"
+    )
     return outcome
 
 
@@ -356,25 +368,21 @@ def traces_from_episodes(
 
 
 async def _with_progress(job: EvalJob) -> EvalOutcome:
-    """Run the job under a progress bar (episodes done, running reward); close the engine after."""
-    from looprl.console import progress_bar
+    """Run the job showing progress (episodes done, running reward): a bar on a terminal, a line
+    every tenth of the episodes or 30 s in a log; close the engine after."""
+    from looprl.console import progress
 
     total = len(job.tasks) * job.rollouts_per_task
     rewards: list[float] = []
-    with progress_bar() as bar:
-        task_id = bar.add_task("episodes", total=total, info="")
+    with progress("eval", total) as advance:
 
         def on_group(group: list[EpisodeResult]) -> None:
             rewards.extend(ep.reward for ep in group)
-            bar.update(
-                task_id, advance=len(group), info=f"reward {sum(rewards) / len(rewards):.3f}"
-            )
+            advance(len(group), f"reward {sum(rewards) / len(rewards):.3f}")
 
         job.on_group = on_group
         try:
-            outcome = await run_eval(job)
+            return await run_eval(job)
         finally:
             await job.engine.close()
             job.env.close()
-        bar.update(task_id, completed=total)  # a resumed run counts the kept episodes too
-    return outcome

@@ -75,6 +75,9 @@ def summarize(
         from looprl.envs.mixture import per_env_summary
 
         out["per_env"] = per_env_summary(episodes)
+    prompt = [ep.metrics["prompt_tokens"] for ep in episodes if "prompt_tokens" in ep.metrics]
+    if prompt:  # a server reported its `usage`
+        out["prompt_tokens"] = int(sum(prompt))
     if generate_seconds:
         out["generate_seconds"] = generate_seconds
         out["tokens_per_second"] = tokens / generate_seconds

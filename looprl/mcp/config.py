@@ -88,10 +88,10 @@ def require_sdk() -> None:
         version = importlib.metadata.version("mcp")
     except importlib.metadata.PackageNotFoundError:
         raise ImportError(
-            f"MCP tools need the official MCP SDK: pip install 'looprl[{MCP_EXTRA}]'"
+            f"MCP tools need the official MCP SDK: pip install -e '.[{MCP_EXTRA}]'"
         ) from None
     if int(version.split(".")[0]) < 2:
         raise ImportError(
             f"MCP tools need mcp>=2 (the installed version is {version}): "
-            f"pip install -U 'looprl[{MCP_EXTRA}]'"
+            f"pip install -U -e '.[{MCP_EXTRA}]'"
         )

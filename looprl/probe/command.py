@@ -38,6 +38,13 @@ def register(sub: Any) -> None:
     p.add_argument("--split", default="eval", choices=["eval", "train"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default runs/probe-ENV-TIME)")
+    p.add_argument(
+        "--reference",
+        default=None,
+        metavar="MODULE:FN",
+        help="the reference policy, a function turn -> str (a module path or a .py file before "
+        "the colon), instead of the environment's",
+    )
     p.set_defaults(func=run_command)
 
 
@@ -54,13 +61,14 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     out = Path(args.out) if args.out else _default_out(args.env)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} is not empty", "choose a new or empty directory")
+    reference = _reference(args.reference)
     env = load_env(args.env, env_kwargs)
     console.print(f"[bold]looprl probe[/bold] {env.name} · {args.tasks} tasks per policy → {out}")
     start = time.perf_counter()
     result = asyncio.run(
         run_probe(
             env, env_name=args.env, env_kwargs=env_kwargs, tasks=args.tasks, margin=args.margin,
-            output=out, split=args.split, seed=args.seed,
+            output=out, split=args.split, seed=args.seed, reference=reference,
         )
     )  # fmt: skip
     print_result(result, title=f"{env.name} · margin {args.margin:g}")
@@ -71,6 +79,20 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
         console.print("[bold red]--strict: an exploit beat the baseline or errored[/]")
         return 1
     return 0
+
+
+def _reference(spec: str | None) -> Any:
+    """`--reference MODULE:FN` imported and checked, or None; a bad one is a UsageError."""
+    from looprl.cli.fields import usage_error
+    from looprl.eval.run import load_policy
+    from looprl.probe.profiles import GivenReference
+
+    if spec is None:
+        return None
+    try:
+        return GivenReference(load_policy(spec, "--reference"))
+    except (ValueError, TypeError) as exc:
+        raise usage_error(str(exc), "pass --reference MODULE:FN, a function turn -> str") from None
 
 
 def _default_out(env: str) -> Path:

@@ -11,6 +11,9 @@ with neither gets the default profile (answers as `<answer>...</answer>`).
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from looprl.envs.base import Environment
 from looprl.probe.policy import ProbeProfile, Turn, tool_call_text
 from looprl.types import Task
@@ -121,6 +124,42 @@ def profile_for(env: Environment) -> ProbeProfile:
     return PROFILES.get(env.name.split(".")[0], ProbeProfile())
 
 
-def reference_for(profile: ProbeProfile) -> OracleReference:
-    """The profile's reference policy, or the oracle (the answer in the format)."""
-    return profile.reference if profile.reference is not None else OracleReference()
+class GivenReference:
+    """A reference policy of yours: a function `fn(turn) -> str`, an object with `reply(turn)`,
+    or a class of such objects (built with no arguments).
+
+    It runs as the probe's `reference` row whatever it calls itself; its description is its own
+    `description`, else its docstring's first line, else its name.
+    """
+
+    name = "reference"
+    knows_answer = True
+
+    def __init__(self, policy: Any) -> None:
+        if inspect.isclass(policy):
+            policy = policy()
+        reply = getattr(policy, "reply", policy)
+        if not callable(reply):
+            raise TypeError(
+                f"the probe reference {policy!r} is not a policy; give a function turn -> str or "
+                "an object with reply(turn) -> str"
+            )
+        self._reply = reply
+        doc = (inspect.getdoc(policy) or "").strip().splitlines()
+        label = getattr(policy, "__qualname__", type(policy).__name__)
+        self.description = str(getattr(policy, "description", None) or (doc[0] if doc else label))
+
+    def reply(self, turn: Turn) -> str:
+        """Your policy's text for this turn."""
+        return str(self._reply(turn))
+
+
+def reference_for(profile: ProbeProfile, given: Any = None) -> OracleReference | GivenReference:
+    """The reference policy: `given` (`looprl probe --reference`), else the profile's, else the
+    oracle (the answer in the format). One of yours need not carry a `name`."""
+    policy = given if given is not None else profile.reference
+    if policy is None:
+        return OracleReference()
+    return (
+        policy if isinstance(policy, (OracleReference, GivenReference)) else GivenReference(policy)
+    )

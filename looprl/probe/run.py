@@ -84,10 +84,14 @@ def _num(value: float) -> float | None:
     return None if math.isnan(value) else round(value, 6)
 
 
-def policies_for(env: Environment, tasks: list[Task]) -> list[tuple[Any, list[Episode]]]:
+def policies_for(
+    env: Environment, tasks: list[Task], reference: Any = None
+) -> list[tuple[Any, list[Episode]]]:
     """Baseline, reference and every exploit, each with the episodes it runs (tasks it applies to).
 
-    An environment's own exploits (its profile's `exploits`) run on its own tasks only.
+    `reference` (a function `turn -> str` or an object with `reply`) replaces the profiles'
+    reference policy. An environment's own exploits (its profile's `exploits`) run on its own
+    tasks only.
     """
     members = [env.for_task(t) for t in tasks]
     triples = list(zip(tasks, [profile_for(m) for m in members], members, strict=True))
@@ -103,7 +107,10 @@ def policies_for(env: Environment, tasks: list[Task]) -> list[tuple[Any, list[Ep
             extra.setdefault(exploit.name, exploit)
     out: list[tuple[Any, list[Episode]]] = [
         (HonestFailure(), [Episode(HonestFailure(), t, p, m) for t, p, m in triples]),
-        (reference_for(triples[0][1]), [Episode(reference_for(p), t, p, m) for t, p, m in triples]),
+        (
+            reference_for(triples[0][1], reference),
+            [Episode(reference_for(p, reference), t, p, m) for t, p, m in triples],
+        ),
     ]
     for exploit in [*GENERIC, *extra.values()]:
         own = exploit.name in extra
@@ -173,9 +180,10 @@ async def run_probe(
     split: str = "eval",
     seed: int = 0,
     tokenizer: Any = None,
+    reference: Any = None,
 ) -> ProbeResult:
     """Probe `env` on `tasks` tasks of `split`; write results.jsonl, metadata.json and probe.json
-    to `output` when given."""
+    to `output` when given. `reference` replaces the environment's reference policy."""
     if tasks < 1:
         raise ValueError(f"--tasks must be >= 1, got {tasks}")
     if not margin >= 0:
@@ -183,7 +191,7 @@ async def run_probe(
     base_tasks = env.get_tasks(split, tasks, seed=seed)
     if not base_tasks:
         raise ValueError(f"environment {env_name!r} gave no {split} tasks to probe")
-    plan = policies_for(env, base_tasks)
+    plan = policies_for(env, base_tasks, reference)
     episodes: dict[str, Episode] = {}
     job_tasks: list[Task] = []
     for policy, runs in plan:

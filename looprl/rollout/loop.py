@@ -20,7 +20,7 @@ from looprl.rendering.parser import ParsedTurn
 from looprl.rendering.reasoning import split_reasoning
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.transcript import MessageTranscript, TokenTranscript, Transcript
-from looprl.types import EpisodeResult, Message, SamplingParams, StopReason, Task
+from looprl.types import EpisodeResult, Generation, Message, SamplingParams, StopReason, Task
 
 
 @dataclass
@@ -142,6 +142,7 @@ async def _episode_loop(
         t0 = time.perf_counter()
         gen = await engine.generate(transcript.request(sampling))
         _add_time(result, "generate", t0)
+        _count_usage(result, gen)
         if gen.finish_reason == "error":
             return _stop(result, "error", infra=f"engine: {gen.error}")
         text = transcript.add_sampled(gen, turn)
@@ -191,6 +192,16 @@ def _stop(
         result.errors.append({"kind": "rollout", "message": error})
     if infra is not None:
         result.errors.append({"kind": "infra", "message": infra})
+
+
+def _count_usage(result: EpisodeResult, gen: Generation) -> None:
+    """Add the tokens a server counted for this turn (its `usage`) to the episode's metrics."""
+    for key, value in (
+        ("prompt_tokens", gen.prompt_tokens),
+        ("completion_tokens", gen.completion_tokens),
+    ):
+        if value is not None:
+            result.metrics[key] = result.metrics.get(key, 0.0) + value
 
 
 def _record(result: EpisodeResult, outcome: StepOutcome) -> None:

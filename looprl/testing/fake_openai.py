@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from types import TracebackType
 from typing import Any
 
@@ -39,8 +40,6 @@ VLLM_ADMIN = (
     "/v1/unload_lora_adapter",
 )
 """vLLM's dev-mode endpoints a `VLLMEngine` posts to when it syncs weights or adapters."""
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
 
 
 @dataclass
@@ -89,6 +88,11 @@ class FakeOpenAIServer:
     `rate_limit_first` get 429 with `Retry-After: 0`, the next `fail_first` get `fail_status`.
     `delay` slows every reply. With `support_token_ids=False` the completions endpoint ignores
     `return_tokens_as_token_ids` and returns text tokens, like a server without the vLLM extension.
+    `models` are the ids `/v1/models` lists (default: `[model]`); `list_models=False` answers 404
+    there, like servers without that route. With `api_key` set, a request without the header
+    `Authorization: Bearer <api_key>` gets 401, as a hosted API answers a wrong key. Every reply
+    carries a `usage` block; its token counts are whitespace-separated words (of the messages'
+    contents for the prompt, of the text and tool-call arguments for the completion).
     Use it as a context manager, or call `start()` and `stop()`.
     """
 
@@ -103,9 +107,15 @@ class FakeOpenAIServer:
         drop_first: int = 0,
         delay: float = 0.0,
         support_token_ids: bool = True,
+        models: Sequence[str] | None = None,
+        list_models: bool = True,
+        api_key: str | None = None,
     ) -> None:
         self.script = script
         self.model = model
+        self.models = list(models) if models is not None else [model]
+        self.list_models = list_models
+        self.api_key = api_key
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.rate_limit_first = rate_limit_first
@@ -279,6 +289,12 @@ class FakeOpenAIServer:
                 await _write(writer, 400, _error_body("request body is not JSON"))
                 return True
             self.requests.append(RecordedRequest(method, path.split("?")[0], headers, payload))
+            if (
+                self.api_key is not None
+                and headers.get("authorization") != f"Bearer {self.api_key}"
+            ):
+                await _write(writer, 401, _error_body("Incorrect API key provided"))
+                return True
             fault = self._fault(index)
             if fault == "drop":
                 return False
@@ -308,8 +324,8 @@ class FakeOpenAIServer:
         self, method: str, path: str, payload: dict[str, Any], writer: asyncio.StreamWriter
     ) -> bool:
         """Dispatch to an endpoint and write its reply."""
-        if method == "GET" and path == "/v1/models":
-            data = [{"id": self.model, "object": "model", "owned_by": "looprl"}]
+        if method == "GET" and path == "/v1/models" and self.list_models:
+            data = [{"id": m, "object": "model", "owned_by": "looprl"} for m in self.models]
             await _write(writer, 200, {"object": "list", "data": data})
             return True
         if method == "POST" and path in VLLM_ADMIN:  # accepted and recorded, nothing reloaded
@@ -415,8 +431,21 @@ def _chat_body(reply: FakeReply, payload: dict[str, Any], serial: int) -> dict[s
         "created": int(time.time()),
         "model": payload.get("model", "fake-model"),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": _usage(0, len(reply.text.split())),
+        "usage": _usage(_prompt_words(payload), _completion_words(reply)),
     }
+
+
+def _prompt_words(payload: dict[str, Any]) -> int:
+    """The fake's prompt token count of a chat request: words of the messages' text contents."""
+    messages = payload.get("messages") or []
+    return sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+
+
+def _completion_words(reply: FakeReply) -> int:
+    """The fake's completion token count: words of the text and of the tool calls' arguments."""
+    args = [c.get("arguments", {}) for c in reply.tool_calls]
+    texts = [a if isinstance(a, str) else json.dumps(a) for a in args]
+    return sum(len(t.split()) for t in [reply.text, *texts])
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -454,7 +483,8 @@ async def _write(
 ) -> None:
     """Write one JSON response with a Content-Length (the connection stays open)."""
     data = json.dumps(body).encode()
-    reason = _REASONS.get(status, "Error" if status >= 400 else "OK")
+    known = status in HTTPStatus._value2member_map_
+    reason = HTTPStatus(status).phrase if known else "Error" if status >= 400 else "OK"
     head = [
         f"HTTP/1.1 {status} {reason}",
         "Content-Type: application/json",

@@ -233,7 +233,7 @@ class RunSection(_Section):
     wandb: bool = Field(
         False,
         description="also log to Weights & Biases: metrics each step, the config, a rollouts "
-        "table and the plot (needs pip install 'looprl[wandb]')",
+        "table and the plot (needs pip install -e '.[wandb]')",
     )
     wandb_project: str = Field("looprl", description="W&B project")
     wandb_entity: str | None = Field(
@@ -288,6 +288,68 @@ RENAMED = {
 """Fields that were renamed: the error for the old name says the new one."""
 
 
+FOREIGN_NAMES: dict[str, tuple[str, str]] = {
+    # TRL's GRPOConfig / transformers' TrainingArguments
+    "learning_rate": ("optim.lr", ""),
+    "adam_beta1": ("optim.beta1", ""),
+    "adam_beta2": ("optim.beta2", ""),
+    "lr_scheduler_type": ("optim.schedule", ""),
+    "max_grad_norm": ("optim.grad_clip", ""),
+    "num_generations": ("rollout.rollouts_per_task", ""),
+    "per_device_train_batch_size": (
+        "rollout.tasks_per_step",
+        "TRL counts completions; a looprl step samples tasks_per_step x rollouts_per_task",
+    ),
+    "gradient_accumulation_steps": (
+        "trainer.micro_batch_tokens",
+        "looprl accumulates gradients over micro-batches of this many tokens",
+    ),
+    "max_completion_length": ("rollout.max_tokens", "a cap per assistant turn"),
+    "beta": ("algorithm.overrides.kl_coef", ""),
+    "epsilon": ("algorithm.overrides.eps_low", "and algorithm.overrides.eps_high"),
+    "epsilon_high": ("algorithm.overrides.eps_high", ""),
+    "num_iterations": ("algorithm.updates_per_batch", ""),
+    "loss_type": ("algorithm.preset", ""),
+    "num_train_epochs": ("trainer.steps", "a looprl run counts steps, not epochs"),
+    "max_steps": ("trainer.steps", ""),
+    "save_steps": ("trainer.save_every", ""),
+    "save_total_limit": ("trainer.keep_last", ""),
+    "eval_steps": ("trainer.eval_every", ""),
+    "model_name_or_path": ("model.name", ""),
+    "use_peft": ("model.lora", ""),
+    "lora_target_modules": ("model.lora_targets", ""),
+    "bf16": ("model.dtype", 'model.dtype = "bfloat16"'),
+    "run_name": ("run.name", ""),
+    "report_to": ("run.wandb", ""),
+    # verifiers' names
+    "rollouts_per_example": ("rollout.rollouts_per_task", ""),
+    "batch_size": ("rollout.tasks_per_step", ""),
+    "max_concurrent": ("rollout.max_concurrent_groups", ""),
+    "env_id": ("env.name", ""),
+    "env_args": ("env.kwargs", ""),
+}
+"""Field names of TRL and verifiers that people type, with looprl's field (and a note)."""
+
+
+def foreign_name_hint(key: str, dash: str = "--") -> str:
+    """`did you mean --optim.lr? learning_rate is TRL's or verifiers' name for it` for a field name of
+    TRL or verifiers, or `did you mean --optim.lr?` for a looprl field placed in the wrong
+    section (`trainer.lr`); an empty string for any other. `dash` is "" for a TOML key."""
+    last = key.lstrip("-").split("=")[0].rsplit(".", 1)[-1].replace("-", "_").lower()
+    if last in FOREIGN_NAMES:
+        field, note = FOREIGN_NAMES[last]
+        why = f"{last} is TRL's or verifiers' name for it" + (f"; {note}" if note else "")
+        return f"did you mean {dash}{field}? {why}"
+    homes = [
+        f"{section}.{last}"
+        for section, info in TrainConfig.model_fields.items()
+        if last in getattr(info.annotation, "model_fields", {})
+    ]
+    if len(homes) == 1 and homes[0] != key.lstrip("-"):
+        return f"did you mean {dash}{homes[0]}?"
+    return ""
+
+
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the field and the fix."""
 
@@ -331,11 +393,14 @@ def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
     """` (did you mean trainer.steps?)` for an unknown field near a known one (`--` on the CLI)."""
     if kind != "extra_forbidden":
         return ""
+    dash = "--" if loc in overrides else ""
+    foreign = foreign_name_hint(loc, dash)
+    if foreign:
+        return f" ({foreign})"
     known = list(TrainConfig.model_fields)
     for section, info in TrainConfig.model_fields.items():
         known += [f"{section}.{f}" for f in getattr(info.annotation, "model_fields", {})]
     close = difflib.get_close_matches(loc, known, n=1, cutoff=0.6)
-    dash = "--" if loc in overrides else ""
     return f" (did you mean {dash}{close[0]}?)" if close else ""
 
 

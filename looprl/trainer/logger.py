@@ -22,6 +22,7 @@ from rich.markup import escape
 from looprl.console import LINE_WIDTH  # step lines fit in it; parts that would not are left out
 from looprl.files import write_text_atomically
 from looprl.trainer.metrics import upgrade_row
+from looprl.trainer.progress import no_gradient
 from looprl.trainer.wandb_logger import resolve_mode
 from looprl.types import EpisodeResult
 
@@ -222,7 +223,7 @@ def format_line(
     `step k/N`, the reward and the elapsed time (with the ETA when `eta_s` is given) are always
     there; the reward functions (the signal a run is watched for), then the metrics of
     `_CONSOLE_METRICS` in their order, are added while they fit. Absent metrics are left out,
-    never shown as zeros.
+    never shown as zeros. A step with no gradient (every group uniform) always says so.
     """
     counter = f"step {step:>{len(str(total))}}/{total}" if total else f"step {step}"
     parts = [_Part(counter, "bold", -1, "")]
@@ -231,6 +232,8 @@ def format_line(
         text = f"reward {mean:.3f}" + (f" ± {std:.3f}" if std is not None else "")
         parts.append(_Part(text, "bold green", -1))
     parts += _step_parts(row)
+    if no_gradient(row):  # always shown: the step taught nothing (see NoGradientWarning)
+        parts.append(_Part("no gradient", "bold yellow", -1))
     clock = format_duration(row["wall_time"]) if row.get("wall_time") is not None else ""
     if eta_s is not None:
         clock += f"{', ' if clock else ''}ETA {format_duration(eta_s)}"

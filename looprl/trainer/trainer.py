@@ -15,6 +15,7 @@ from looprl.console import console
 from looprl.engines.base import TrainableEngine
 from looprl.eval.run import EvalJob, run_eval
 from looprl.eval.summary import error_headline, summarize
+from looprl.files import write_text_atomically
 from looprl.models.weights import frozen_copy
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import set_chat_template
@@ -27,6 +28,9 @@ from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.precision import compute_dtype
+from looprl.trainer.progress import NoGradientWarning, StepPhases
+from looprl.trainer.run_config import absolute_paths
+from looprl.trainer.run_summary import RunStatus, write_run_summary
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
 from looprl.types import EpisodeResult, SamplingParams, Task
@@ -43,7 +47,7 @@ class Trainer:
     def __init__(
         self, cfg: TrainConfig, *, run_dir: Path | None = None, resume: bool = False
     ) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = absolute_paths(cfg)  # config.json holds no path of this folder's
         self.env = S.load_env(cfg)  # before any heavy work: a bad env name fails fast
         name = (
             cfg.run.name
@@ -72,6 +76,8 @@ class Trainer:
         ] = []  # run on a failed run's way out
         self.step = 0
         self.cursor = 0
+        self.stopped_early = False  # set when trainer.early_stop_metric reached its value
+        self.phases = StepPhases(cfg.trainer.steps, out=None)  # _loop's, shown on rank 0
         self._task_stream: tuple[int, Any] | None = None
         self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
 
@@ -151,12 +157,11 @@ class Trainer:
 
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume:
-            self._restore()
-        else:
-            if self.is_main:
-                record = json.dumps(self._config_record(), indent=2)
-                (self.run_dir / "config.json").write_text(record)
+        restored = self.resume and self._restore()  # False: a new run, or no checkpoint yet
+        if self.is_main:  # the config the run goes on with (a resume changed safe fields only)
+            record = json.dumps(self._config_record(), indent=2)
+            write_text_atomically(self.run_dir / "config.json", record)
+        if not restored:
             self.placement.first_sync(self.model)  # servers by URL may hold other weights
         self.logger: MetricsLogger | D.SilentLogger = D.SilentLogger()
         self.wandb: WandbLogger | None = None  # run.wandb: the logger mirrors rows to it
@@ -186,7 +191,8 @@ class Trainer:
             "model": self.cfg.model.name,
         }
 
-    def _restore(self) -> None:
+    def _restore(self) -> bool:
+        """Load the newest intact checkpoint; False when the run has none (it starts at step 0)."""
         from rich.markup import escape
 
         from looprl.trainer.checkpoint.sharded import resume_any
@@ -202,16 +208,22 @@ class Trainer:
             raise SystemExit(f"error: {exc}") from None  # a message for the user, no traceback
         if resumed is None:
             console.print(f"[yellow]no checkpoint in {self.run_dir}; starting from step 0[/yellow]")
-            return
+            return False
         state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         self._monitor_state = state.get("monitors", {})
         self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
+        return True
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> dict[str, float]:
-        """Train to `trainer.steps` (or early stop); returns the last step's metrics."""
+        """Train to `trainer.steps` (or early stop); returns the last step's metrics.
+
+        However it ends, `RUN/summary.json` says how (`looprl.trainer.run_summary`).
+        """
+        start, error = time.monotonic(), None
+        status: RunStatus = "failed"
         try:
             self._setup()
             if self.is_main:
@@ -224,8 +236,11 @@ class Trainer:
                 console.print(summary, highlight=False, soft_wrap=True)
             last = asyncio.run(self._loop())
             D.close_distributed(self.dist)
+            status = "stopped early" if self.stopped_early else "finished"
             return last
         except BaseException as exc:  # an error or Ctrl-C: stop what the run started (vLLM servers)
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            error = f"{type(exc).__name__}: {exc}"
             note = D.explain_failure(self.dist, exc, self.cfg.trainer.collective_timeout_s)
             if note:
                 from rich.markup import escape
@@ -238,34 +253,53 @@ class Trainer:
             self.env.close()  # MCP servers and the like stop with the run
             if hasattr(self, "logger"):
                 self.logger.close()
+            self._write_summary(status, error, time.monotonic() - start)
+
+    def _write_summary(self, status: RunStatus, error: str | None, seconds: float) -> None:
+        """`RUN/summary.json` (rank 0, once the run directory exists); a phase status is cleared."""
+        self.phases.end()
+        if self.is_main and self.run_dir.is_dir():
+            write_run_summary(
+                self.run_dir, status=status, steps=self.cfg.trainer.steps, seconds=seconds,
+                error=error,
+            )  # fmt: skip
 
     async def _loop(self) -> dict[str, float]:
         """Each step: its batch (generated ahead when `max_async_steps` > 0), update, sync, log."""
         cfg = self.cfg.trainer
         last: dict[str, float] = {}
         ahead = Ahead(self._collect_chained, self.step + 1)
+        phases = self.phases = StepPhases(cfg.steps, out=console if self.is_main else None)
+        no_gradient = NoGradientWarning(self.cfg.rollout.rollouts_per_task, self._warn)
         if cfg.eval_before and self.step == 0:
             first = await self._evaluate(0)  # the starting point of every eval curve
             self.monitors.observe(0, first)  # and of the held-out monitor
             self.logger.log(0, first)
         while self.step < cfg.steps:
             step = self.step + 1
+            phases.begin(step)
+            phases.enter("generating")
             ahead.start_through(min(step + cfg.max_async_steps, self._next_checkpoint(step)))
             batch = await ahead.take(step)
+            phases.enter("training")
             if ahead.pending:  # later batches generate while this one trains
                 metrics = await asyncio.to_thread(self._update, batch.groups)
                 await ahead.idle()  # the engine must be idle before its weights change
             else:
                 metrics = self._update(batch.groups)
+            phases.enter("syncing weights")
             metrics.update(self._sync(step))
             metrics.update(
                 batch.metrics(step), **self._rollout_metrics(batch.groups, batch.seconds)
             )
             self.step = step
             if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
+                phases.enter("evaluating")
                 metrics.update(await self._evaluate(step))
             metrics.update(self.monitors.observe(step, metrics, batch.groups))
+            phases.end()
             self.logger.log(step, metrics)
+            no_gradient.check(step, metrics)
             self._save_rollouts(step, batch.groups)
             last = metrics
             if step % cfg.save_every == 0 or step == cfg.steps:
@@ -277,6 +311,7 @@ class Trainer:
                 )
                 if step % cfg.save_every:
                     self._checkpoint()
+                self.stopped_early = True
                 break
         await ahead.idle()  # let the engine finish before shutting it down
         self._export()

@@ -1,6 +1,6 @@
 """Weights & Biases mirror of a training run: metrics each step, the config, rollouts and the plot.
 
-`run.wandb = true` turns it on; it needs the `wandb` extra (`pip install 'looprl[wandb]'`),
+`run.wandb = true` turns it on; it needs the `wandb` extra (`pip install -e '.[wandb]'`),
 imported only then. The run directory stays the record (metrics.jsonl, TensorBoard, rollouts,
 plots); W&B gets a copy:
 
@@ -57,7 +57,7 @@ def import_wandb() -> Any:
         import wandb
     except ImportError:
         raise ImportError(
-            "run.wandb = true needs the wandb package: pip install 'looprl[wandb]' "
+            "run.wandb = true needs the wandb package: pip install -e '.[wandb]' "
             "(or set run.wandb = false)"
         ) from None
     return wandb

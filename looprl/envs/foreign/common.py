@@ -22,7 +22,7 @@ def require(package: str, extra: str, what: str) -> ModuleType:
             raise
         raise ValueError(
             f"{what} needs the {package!r} package, which is not installed; install it with "
-            f"pip install 'looprl[{extra}]' (make setup does)"
+            f"pip install -e '.[{extra}]' (make setup-test does)"
         ) from None
 
 
