@@ -43,6 +43,7 @@ from benchmarks.compare_runs import RunResult, run_resumable
 from looprl.algorithms.presets import PRESETS
 from looprl.console import console
 from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides
+from looprl.trainer.metrics import check_metric_name
 
 RECIPE = Path(__file__).parents[1] / "looprl" / "recipes" / "calculator_tiny.toml"
 KEY = "eval/correct_answer"
@@ -220,7 +221,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY",
         help="more per-regime plots against steps, of these metrics.jsonl keys "
-        "(e.g. reward/answer_format eval/answer_format entropy)",
+        "(e.g. reward/answer_format eval/answer_format policy/entropy)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/compare"))
     args, extra = p.parse_known_args(argv)
@@ -231,6 +232,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = sorted(set(args.presets) - set(PRESETS))
     if bad:
         p.error(f"unknown preset(s) {bad}; choose from {sorted(PRESETS)}")
+    for key in args.also_plot:
+        try:
+            check_metric_name(key)
+        except ValueError as exc:
+            p.error(f"--also-plot: {exc}")
     if min(args.updates_per_batch) < 1 or min(args.max_async_steps) < 0:
         p.error("--updates-per-batch values must be >= 1 and --max-async-steps values >= 0")
     return args

@@ -2,14 +2,14 @@
 
 A run's rows are its `metrics.jsonl`. From them: held-out accuracy at the start (the step-0
 evaluation) and at the end, the first step and wall-clock second at which it reached a target,
-the mean clip fractions (`clip_frac`, `clip_frac_low`, `clip_frac_high`), the sampler/trainer gap
-(`logprob_gap`: mean |trainer - sampler| logprob on trained tokens; `mismatch_kl`), the mean
-staleness (to confirm the regime ran as asked), and a collapse flag:
+the mean clip fractions (`policy/clip_frac`, `_low`, `_high`), the sampler/trainer gap
+(`policy/logprob_gap`: mean |trainer - sampler| logprob on trained tokens; `policy/mismatch_kl`),
+the mean `rollout/staleness` (to confirm the regime ran as asked), and a collapse flag:
 
 - `accuracy`: the final held-out accuracy ended more than `margin` below its best (start
   included: a run that climbs and then falls back to where it began has collapsed too), or at
   zero when some evaluation was above zero (a run that starts low and falls to nothing at once);
-- `entropy`: the policy's entropy over the last 3 steps fell below `entropy_ratio` times its
+- `entropy`: the policy's entropy (`policy/entropy`) over the last 3 steps fell below `entropy_ratio` times its
   mean over the first 3 (the model stopped exploring).
 """
 
@@ -63,7 +63,7 @@ def run_stats(
     acc = curve(rows, key)
     start, final = (acc[0][2], acc[-1][2]) if acc else (None, None)
     reach = next(((s, w) for s, w, v in acc if v >= target), (None, None))
-    entropy = [r["entropy"] for r in rows if r.get("entropy") is not None]
+    entropy = [r["policy/entropy"] for r in rows if r.get("policy/entropy") is not None]
     flags = []
     best = max((v for _, _, v in acc), default=0.0)
     if final is not None and (final < best - margin or (final == 0 < best)):  # fell from its best
@@ -77,12 +77,12 @@ def run_stats(
         final=final,
         reach_step=reach[0],
         reach_seconds=reach[1],
-        clip_frac=_mean_of(rows, "clip_frac"),
-        clip_frac_low=_mean_of(rows, "clip_frac_low"),
-        clip_frac_high=_mean_of(rows, "clip_frac_high"),
-        logprob_gap=_mean_of(rows, "logprob_gap"),
-        mismatch_kl=_mean_of(rows, "mismatch_kl"),
-        staleness=_mean_of(rows, "staleness"),
+        clip_frac=_mean_of(rows, "policy/clip_frac"),
+        clip_frac_low=_mean_of(rows, "policy/clip_frac_low"),
+        clip_frac_high=_mean_of(rows, "policy/clip_frac_high"),
+        logprob_gap=_mean_of(rows, "policy/logprob_gap"),
+        mismatch_kl=_mean_of(rows, "policy/mismatch_kl"),
+        staleness=_mean_of(rows, "rollout/staleness"),
         seconds=max((r.get("wall_time", 0.0) for r in rows), default=0.0),
         collapse="+".join(flags),
     )

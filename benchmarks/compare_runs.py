@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from looprl.trainer.checkpoint.single import list_checkpoints
 from looprl.trainer.config import TrainConfig
+from looprl.trainer.logger import METRICS_FILE, read_metrics
 from looprl.trainer.trainer import Trainer
 
 DONE = "done.json"
@@ -48,11 +49,8 @@ class RunResult:
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of a run's `metrics.jsonl` (empty when it has none)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+    """The rows of a run's `metrics.jsonl`, old metric names renamed (empty when it has none)."""
+    return read_metrics(run_dir / METRICS_FILE)
 
 
 def run_resumable(

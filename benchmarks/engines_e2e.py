@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import sys
@@ -54,6 +53,7 @@ def e2e_times(
 ) -> dict[str, dict[str, float]]:
     """Median seconds per phase (and their sum, `step`) of each side's GRPO steps."""
     from looprl.trainer.config import load_config
+    from looprl.trainer.logger import METRICS_FILE, read_metrics
     from looprl.trainer.trainer import Trainer
 
     result = {}
@@ -61,11 +61,10 @@ def e2e_times(
         cfg = train_config(kind, model, env, args, out, base_url)
         with contextlib.redirect_stdout(io.StringIO()):  # the trainer prints its config
             Trainer(load_config(None, cfg)).run()
-        lines = (out / kind / "metrics.jsonl").read_text().splitlines()
-        rows = [json.loads(x) for x in lines]
+        rows = read_metrics(out / kind / METRICS_FILE)
         times = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in PHASES}
         times["step"] = statistics.median(sum(r.get(k, 0.0) for k in PHASES) for r in rows)
-        times["gen_tokens"] = statistics.median(r["gen_tokens"] for r in rows)
+        times["gen_tokens"] = statistics.median(r["rollout/gen_tokens"] for r in rows)
         result[kind] = times
     return result
 

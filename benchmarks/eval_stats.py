@@ -48,9 +48,9 @@ def stored_evals(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 
 def training_curve(run_dir: Path, key: str) -> list[tuple[int, float]]:
     """(step, value) of one training metric from the run's metrics.jsonl (rows lacking it skipped)."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text("utf-8").splitlines() if x.strip()]
-    return [(r["step"], r[key]) for r in rows if key in r]
+    from looprl.trainer.logger import METRICS_FILE, read_metrics
+
+    return [(r["step"], r[key]) for r in read_metrics(run_dir / METRICS_FILE) if key in r]
 
 
 def finish_plot(fig: Any, ax: Any, out: Path, *, ylabel: str, title: str) -> Path:

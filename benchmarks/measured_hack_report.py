@@ -12,8 +12,9 @@ WINDOWS = ((1, 25), (26, 50), (51, 75), (76, 100), (101, 125), (126, 150))
 
 def rows_of(out: Path, env: str) -> list[dict[str, Any]]:
     """The training metric rows of one run (eval-only rows left out)."""
-    lines = (out / "runs" / env / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if "reward/mean" in r]
+    from looprl.trainer.logger import METRICS_FILE, read_metrics
+
+    return [r for r in read_metrics(out / "runs" / env / METRICS_FILE) if "reward/mean" in r]
 
 
 def first_trips(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -48,13 +49,13 @@ def summary(out: Path, envs: tuple[str, ...]) -> str:
     for env in envs:
         probe = json.loads((out / f"probe-{env}" / "probe.json").read_text())
         lines.append(f"probe {env}: exploitable = {probe['exploitable'] or 'none'}")
-    lines += ["", "| run | steps | reward/mean | reward/correct_final | reply_tokens |",
+    lines += ["", "| run | steps | reward/mean | reward/correct_final | rollout/reply_tokens |",
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for env in envs:
         rows = rows_of(out, env)
         for lo, hi in WINDOWS:
             cells = [_window_mean(rows, k, lo, hi) for k in
-                     ("reward/mean", "reward/correct_final", "reply_tokens")]  # fmt: skip
+                     ("reward/mean", "reward/correct_final", "rollout/reply_tokens")]  # fmt: skip
             if cells[0] != "-":
                 lines.append(f"| {env} | {lo}-{hi} | " + " | ".join(cells) + " |")
     for env in envs:
@@ -86,7 +87,7 @@ def plot(out: Path, envs: tuple[str, ...]) -> Path:
         top.set_ylim(-0.02, 1.02)
         top.set_title(f"GRPO on {env} (optimises {'the first' if col == 0 else 'the second'})")
         top.set_ylabel("training reward, smoothed (9 steps)")
-        bottom.plot(steps, [r.get("reply_tokens", 0) for r in rows], color="tab:gray")
+        bottom.plot(steps, [r.get("rollout/reply_tokens", 0) for r in rows], color="tab:gray")
         bottom.set_ylabel("tokens per reply")
         bottom.set_xlabel("step")
         for name, step in first_trips(rows).items():
@@ -95,7 +96,7 @@ def plot(out: Path, envs: tuple[str, ...]) -> Path:
             bottom.annotate(name, (step, bottom.get_ylim()[1] * 0.9), rotation=90, fontsize=8,
                             color="tab:red", ha="right", va="top")  # fmt: skip
         top.legend(loc="upper left", fontsize=8)
-    top_tokens = max(max(r.get("reply_tokens", 0) for r in rows_of(out, e)) for e in envs)
+    top_tokens = max(max(r.get("rollout/reply_tokens", 0) for r in rows_of(out, e)) for e in envs)
     for col in range(len(envs)):  # one scale, so the runs' lengths compare at a glance
         axes[1][col].set_ylim(0, top_tokens * 1.1)
     fig.tight_layout()

@@ -32,6 +32,7 @@ from typing import Any
 
 from looprl.safe_json import loads_strict
 from looprl.trainer.checkpoint.files import STEP_DIR
+from looprl.trainer.logger import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK_ENV = str(ROOT / "benchmarks" / "soak_env.py")
@@ -149,8 +150,8 @@ def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, step
 
 def _verify_train(run_dir: Path, steps: int, t: Tally, name: str) -> None:
     try:
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        check_jsonl(run_dir / "metrics.jsonl")
+        check_jsonl(run_dir / METRICS_FILE)
+        rows = read_metrics(run_dir / METRICS_FILE)
         seen = [r["step"] for r in rows if r["step"] > 0]
         if seen != list(range(1, steps + 1)):
             raise ValueError(f"metric steps {seen}, expected 1..{steps} once each")
@@ -163,8 +164,8 @@ def _verify_train(run_dir: Path, steps: int, t: Tally, name: str) -> None:
                 tools = [m["content"] for m in ep["messages"] if m["role"] == "tool"]
                 t.garbled_tool_results += sum("\ufffd NaN" in c for c in tools)
         t.episodes += sum(16 for _ in seen)
-        t.hung_tool_calls += int(sum(r.get("infra_errors") or 0 for r in rows))
-        t.reward_raises += int(sum(r.get("scoring_errors") or 0 for r in rows))
+        t.hung_tool_calls += int(sum(r.get("rollout/infra_errors") or 0 for r in rows))
+        t.reward_raises += int(sum(r.get("rollout/scoring_errors") or 0 for r in rows))
     except (OSError, ValueError, KeyError) as exc:
         t.runs_lost += 1
         t.lost.append(f"{name}: {exc}")

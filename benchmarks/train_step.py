@@ -17,7 +17,6 @@ job's trained tokens/s (the whole batch's forwarded tokens over the train second
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ from rich.table import Table
 
 from benchmarks.roofline import matmul_gflops, model_flops_per_token, roofline_line
 from looprl.trainer.config import load_config
+from looprl.trainer.logger import METRICS_FILE, read_metrics
 from looprl.trainer.trainer import Trainer
 
 console = Console(width=200)  # a table, not a terminal layout: never wrap or cut columns
@@ -52,7 +52,7 @@ def run(
     )  # fmt: skip
     trainer = Trainer(cfg)
     trainer.run()
-    rows = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(trainer.run_dir / METRICS_FILE)
     return rows, model_flops_per_token(trainer.engine.model)  # the TorchEngine's: LoRA merged
 
 
@@ -73,7 +73,7 @@ def run_processes(
         raise SystemExit(
             f"looprl train --nproc {nproc} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         )
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run_dir / METRICS_FILE)
 
 
 def nproc_table(args: argparse.Namespace) -> Table:
@@ -99,7 +99,7 @@ def nproc_table(args: argparse.Namespace) -> Table:
                 table.add_row(
                     model, str(n), fmt(total), fmt([r["time/generate"] for r in rows]),
                     fmt([r["time/train"] for r in rows]), fmt([r["time/sync"] for r in rows]),
-                    fmt([r["train_tokens_per_s"] for r in rows]), fmt([r["forward_tokens"] for r in rows]),
+                    fmt([r["train/tokens_per_s"] for r in rows]), fmt([r["train/forward_tokens"] for r in rows]),
                 )  # fmt: skip
     return table
 
@@ -162,15 +162,17 @@ def main() -> None:
             ]
             table.add_row(
                 model, fmt(total), fmt([r["time/generate"] for r in rows]), fmt([r["time/score"] for r in rows]),
-                fmt([r["time/train"] for r in rows]), fmt([r["train_tokens_per_s"] for r in rows]),
-                fmt([r["tokens_per_s"] for r in rows]), fmt([r["train_tokens"] for r in rows]),
-                fmt([r["forward_tokens"] for r in rows]),
+                fmt([r["time/train"] for r in rows]), fmt([r["train/tokens_per_s"] for r in rows]),
+                fmt([r["rollout/tokens_per_s"] for r in rows]), fmt([r["train/tokens"] for r in rows]),
+                fmt([r["train/forward_tokens"] for r in rows]),
             )  # fmt: skip
             # training: forward + backward ~ 3x the forward FLOPs over every position of the batch;
             # LoRA ~ 2x (frozen matrices get no weight gradient, only the activations' one)
             factor = 2 if args.lora else 3
-            train_pos_s = statistics.median(r["forward_positions"] / r["time/train"] for r in rows)
-            gen_tok_s = statistics.median(r["tokens_per_s"] for r in rows)
+            train_pos_s = statistics.median(
+                r["train/forward_positions"] / r["time/train"] for r in rows
+            )
+            gen_tok_s = statistics.median(r["rollout/tokens_per_s"] for r in rows)
             roofs.append(roofline_line(f"{model} train", factor * flops, train_pos_s, roof))
             roofs.append(roofline_line(f"{model} generate (decode only)", flops, gen_tok_s, roof))
     console.print(table)

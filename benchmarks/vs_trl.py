@@ -159,6 +159,7 @@ def looprl_train(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from looprl.trainer.config import load_config
+    from looprl.trainer.logger import METRICS_FILE, read_metrics
     from looprl.trainer.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
@@ -180,12 +181,12 @@ def looprl_train(spec: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
     trainer = Trainer(cfg)
     trainer.run()
-    rows = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(trainer.run_dir / METRICS_FILE)
     steps = [
         {
             "step": r["step"], "step_s": r["time/generate"] + r["time/train"] + r["time/sync"],
-            "generate_s": r["time/generate"], "train_s": r["time/train"], "gen_tokens": r["gen_tokens"],
-            "train_tokens": r["train_tokens"], "forward_tokens": r["forward_tokens"], "reward": r["reward/mean"],
+            "generate_s": r["time/generate"], "train_s": r["time/train"], "gen_tokens": r["rollout/gen_tokens"],
+            "train_tokens": r["train/tokens"], "forward_tokens": r["train/forward_tokens"], "reward": r["reward/mean"],
         }
         for r in rows
     ]  # fmt: skip

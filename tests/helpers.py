@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's, for the `browser` tests (`make chromium`)
 LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
-VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")  # differ run to run
+VOLATILE = ("wall_time", "time/", "rollout/tokens_per_s", "train/tokens_per_s")  # differ run to run
 LOGPROB = -0.5  # the logprob the scripted engine reports for every sampled token
 
 

@@ -42,7 +42,7 @@ def test_a_batch_staler_than_k_is_dropped_and_counted() -> None:
         return Batch([[object()] * 4], 0.0, version=0, max_staleness=1)  # type: ignore[list-item]
 
     batch = asyncio.run(Ahead(collect, first_step=5).take(5))
-    assert batch.groups == [] and batch.metrics(5)["stale_dropped"] == 4.0
+    assert batch.groups == [] and batch.metrics(5)["rollout/stale_dropped"] == 4.0
 
 
 def test_the_old_field_name_says_the_new_one() -> None:
@@ -57,8 +57,15 @@ def test_async_runs_stay_within_k_and_resume_exactly(tmp_path, monkeypatch, k) -
     Trainer(small_config(tmp_path, "full", **over)).run()
     full = read_metrics(tmp_path / "full")
     # steps 1 and 4 follow a checkpoint (nothing was generated ahead); the others ran ahead
-    assert [r["staleness"] for r in full] == [0, min(1, k), min(2, k), 0, min(1, k), min(2, k)]
-    assert all(r["stale_dropped"] == 0 for r in full)
+    assert [r["rollout/staleness"] for r in full] == [
+        0,
+        min(1, k),
+        min(2, k),
+        0,
+        min(1, k),
+        min(2, k),
+    ]
+    assert all(r["rollout/stale_dropped"] == 0 for r in full)
 
     original = Trainer._save_rollouts
 

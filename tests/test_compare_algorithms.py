@@ -28,8 +28,8 @@ def _rows(acc: list[float], entropy: list[float], clip: float = 0.1) -> list[dic
     """Step 0 evaluation, then one training row per entropy value; accuracy every other step."""
     rows = [{"step": 0, "wall_time": 1.0, KEY: acc[0]}]
     for i, e in enumerate(entropy, 1):
-        row = {"step": i, "wall_time": 10.0 * i, "entropy": e, "clip_frac": clip,
-               "clip_frac_low": clip / 4, "clip_frac_high": 3 * clip / 4, "logprob_gap": 0.01 * i}  # fmt: skip
+        row = {"step": i, "wall_time": 10.0 * i, "policy/entropy": e, "policy/clip_frac": clip,
+               "policy/clip_frac_low": clip / 4, "policy/clip_frac_high": 3 * clip / 4, "policy/logprob_gap": 0.01 * i}  # fmt: skip
         if i % 2 == 0:
             row[KEY] = acc[i // 2]
         rows.append(row)
@@ -72,11 +72,16 @@ def test_table_and_curves_average_over_seeds():
     assert bands["grpo"][0] == (0.0, pytest.approx(0.2), pytest.approx(0.4))
 
 
-def test_bad_flags_are_named():
+def test_bad_flags_are_named(capsys):
     with pytest.raises(SystemExit):
         ca.parse_args(["--presets", "grpo", "nope"])
     with pytest.raises(SystemExit):
         ca.parse_args(["--updates-per-batch", "0"])
+    with pytest.raises(SystemExit):
+        ca.parse_args(["--also-plot", "entropy"])  # a metric's name of before the namespaces
+    assert "--also-plot: 'entropy' is the old name of a metric; write 'policy/entropy'" in (
+        capsys.readouterr().err
+    )
     args = ca.parse_args(["--optim.lr", "3e-4"])
     assert args.overrides == {"optim.lr": 3e-4}
 
@@ -136,8 +141,8 @@ def test_report_only_reads_back_and_starts_nothing(tmp_path):
     missing, and no run directory is created or trained."""
     out = ["--out", str(tmp_path)]
     ca.main([*SMALL, *out, "--max-async-steps", "0"])  # the on-policy run only
-    ca.main([*SMALL, *out, "--report-only", "--also-plot", "entropy", "eval/no_such_key"])
-    assert (tmp_path / "entropy-u1-a0-step.png").stat().st_size > 0
+    ca.main([*SMALL, *out, "--report-only", "--also-plot", "policy/entropy", "eval/no_such_key"])
+    assert (tmp_path / "policy_entropy-u1-a0-step.png").stat().st_size > 0
     assert not list(tmp_path.glob("eval_no_such_key*"))
     summary = json.loads((tmp_path / "summary.json").read_text())
     by_run = {r["run"]: r["status"] for r in summary["runs"]}

@@ -29,14 +29,14 @@ ROW = {
     "reward/answer_format": 0.99,
     "reward/used_tool": 0.95,
     "reward/tool_call_validity": 1.0,
-    "loss": 0.0123,
-    "kl": 0.0012,
-    "entropy": 0.812,
-    "clip_frac": 0.01,
-    "zero_var_frac": 0.25,
-    "grad_norm": 0.41,
-    "lr": 1e-4,
-    "tokens_per_s": 2219.0,
+    "loss/total": 0.0123,
+    "policy/kl": 0.0012,
+    "policy/entropy": 0.812,
+    "policy/clip_frac": 0.01,
+    "train/zero_var_frac": 0.25,
+    "train/grad_norm": 0.41,
+    "train/lr": 1e-4,
+    "rollout/tokens_per_s": 2219.0,
     "time/generate": 2.5,
     "time/train": 4.2,
     "eval/reward": 0.4,
@@ -79,7 +79,7 @@ def test_step_line_drops_what_does_not_fit_in_order() -> None:
 
 def test_step_line_leaves_absent_metrics_out() -> None:
     assert plain(format_line(1, {"step": 1})) == "step 1"
-    line = plain(format_line(2, {"step": 2, "wall_time": 3725.0, "kl": 0.5}, total=9))
+    line = plain(format_line(2, {"step": 2, "wall_time": 3725.0, "policy/kl": 0.5}, total=9))
     assert line == "step 2/9 │ kl 5.00e-01 │ 1h02m"
 
 
@@ -87,7 +87,7 @@ def test_eval_line_fits() -> None:
     line = plain(format_eval_line(12, ROW) or "")
     assert line.startswith("  eval at step 12: reward=0.4 correct_answer=0.31")
     assert len(line) <= LINE_WIDTH
-    assert format_eval_line(12, {"step": 12, "loss": 1.0}) is None
+    assert format_eval_line(12, {"step": 12, "loss/total": 1.0}) is None
 
 
 def test_logger_prints_step_of_total_and_eta(tmp_path: Path) -> None:

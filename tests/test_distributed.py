@@ -41,7 +41,7 @@ BF16_REL = 0.01
 # LoRA, 2 processes against one after 2 steps: merged weights measured at most 2.6e-7 apart
 LORA_MAX_DIFF = 5e-6
 VLLM_GAP = 1e-4  # |trainer - vLLM| logprobs with synced weights: float32 noise, 2e-7 in test_vllm
-VOLATILE = ("wall_time", "time/", "tokens_per_s", "train_tokens_per_s")
+VOLATILE = ("wall_time", "time/", "rollout/tokens_per_s", "train/tokens_per_s")
 
 ARGS = [
     "--model.name", "tiny", "--env.name", LENGTH_ENV,
@@ -97,9 +97,9 @@ def test_two_processes_train_to_the_single_process_weights(tmp_path):
     assert [r["step"] for r in rows_two] == [1, 2]
     for r1, r2 in zip(rows_one, rows_two, strict=True):
         assert r1["reward/mean"] == r2["reward/mean"]
-        assert r1["train_tokens"] == r2["train_tokens"]
-        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5)
-        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-4)
+        assert r1["train/tokens"] == r2["train/tokens"]
+        assert r2["loss/total"] == pytest.approx(r1["loss/total"], abs=1e-5)
+        assert r2["train/grad_norm"] == pytest.approx(r1["train/grad_norm"], rel=1e-4)
     manifest = json.loads((two / "checkpoints" / "step_000002" / "COMPLETE").read_text())
     assert (manifest["weights"], manifest["world"]) == ("sharded", 2)
 
@@ -150,7 +150,9 @@ def test_a_killed_job_resumes_from_its_sharded_checkpoint(tmp_path):
                 print(f"step {ra['step']} {key}: {ra[key]!r} vs {rb[key]!r}")
                 assert rb[key] == pytest.approx(ra[key], rel=RESUME_REL, abs=RESUME_ABS), key
     print(f"resumed vs uninterrupted: largest metric difference {worst:.3g}")
-    assert rows_b[3]["grad_norm"] > 0  # real updates after the resume, so equality means something
+    assert (
+        rows_b[3]["train/grad_norm"] > 0
+    )  # real updates after the resume, so equality means something
 
     # rank 0 exported a Hugging Face directory that transformers and looprl's loader read
     from transformers import AutoModelForCausalLM
@@ -192,12 +194,12 @@ def test_two_processes_train_in_bfloat16(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "bfloat16' on CPU" in done.stdout  # the CPU warning, once (rank 0)
     (fp32,), (bf16,) = _metrics(tmp_path / "fp32"), _metrics(tmp_path / "bf16")
-    assert bf16["train_tokens"] == fp32["train_tokens"] > 0  # the same episodes
-    for key in ("grad_norm", "entropy"):
+    assert bf16["train/tokens"] == fp32["train/tokens"] > 0  # the same episodes
+    for key in ("train/grad_norm", "policy/entropy"):
         print(f"{key}: 1 process float32 {fp32[key]:.6g}, 2 processes bfloat16 {bf16[key]:.6g}")
         assert bf16[key] == pytest.approx(fp32[key], rel=BF16_REL), key
     # the sampler holds the float32 weights, the trainer computed in bf16: a small, real gap
-    assert 0 < bf16["logprob_gap"] < 0.05
+    assert 0 < bf16["policy/logprob_gap"] < 0.05
     weights = load_file(tmp_path / "bf16" / "final" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}  # float32 master weights
 
@@ -213,7 +215,7 @@ def test_two_processes_train_lora_to_the_single_process_weights(tmp_path):
     rows_one, rows_two = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
     for r1, r2 in zip(rows_one, rows_two, strict=True):
         assert r1["reward/mean"] == r2["reward/mean"]  # step 2 sampled from the merged weights
-        assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-4)
+        assert r2["train/grad_norm"] == pytest.approx(r1["train/grad_norm"], rel=1e-4)
     a = load_file(tmp_path / "one" / "final" / "model.safetensors")
     b = load_file(tmp_path / "two" / "final" / "model.safetensors")
     assert a.keys() == b.keys()
@@ -240,9 +242,11 @@ def test_two_processes_train_against_a_vllm_server(tmp_path):
     rows = _metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     # the server sampled from the trainer's gathered weights at both steps (float32 noise)
-    print(f"vLLM, 2 processes: logprob gap per step {[r['logprob_gap'] for r in rows]}")
-    assert all(r["logprob_gap"] < VLLM_GAP for r in rows), [r["logprob_gap"] for r in rows]
-    assert all(r["forward_tokens"] > 0 for r in rows)  # both ranks trained their share
+    print(f"vLLM, 2 processes: logprob gap per step {[r['policy/logprob_gap'] for r in rows]}")
+    assert all(r["policy/logprob_gap"] < VLLM_GAP for r in rows), [
+        r["policy/logprob_gap"] for r in rows
+    ]
+    assert all(r["train/forward_tokens"] > 0 for r in rows)  # both ranks trained their share
     final = load_file(tmp_path / "run" / "final" / "model.safetensors")
     start = load_model("tiny")[0].state_dict()
     assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-3

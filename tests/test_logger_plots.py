@@ -34,10 +34,10 @@ def test_metrics_line_format(tmp_path: Path) -> None:
             1,
             {
                 "reward/mean": 0.5,
-                "kl": float("nan"),
-                "entropy": np.float32(1.25),
-                "loss": torch.tensor(-0.5),
-                "clip_frac": float("inf"),
+                "policy/kl": float("nan"),
+                "policy/entropy": np.float32(1.25),
+                "loss/total": torch.tensor(-0.5),
+                "policy/clip_frac": float("inf"),
                 "n": 3,
             },
         )
@@ -46,8 +46,9 @@ def test_metrics_line_format(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2]
     first = rows[0]
     assert list(first)[:2] == ["step", "wall_time"]
-    assert first["reward/mean"] == 0.5 and first["entropy"] == 1.25 and first["loss"] == -0.5
-    assert first["kl"] is None and first["clip_frac"] is None and first["n"] == 3.0
+    assert first["reward/mean"] == 0.5 and first["policy/entropy"] == 1.25
+    assert first["loss/total"] == -0.5 and first["n"] == 3.0
+    assert first["policy/kl"] is None and first["policy/clip_frac"] is None
     assert 0.0 <= first["wall_time"] <= rows[1]["wall_time"] < 60
     # Every line is strict JSON (no NaN/Infinity tokens) and ends with a newline.
     text = (tmp_path / "metrics.jsonl").read_text()
@@ -65,13 +66,13 @@ def test_bad_metrics_fail_clearly(tmp_path: Path) -> None:
 
 def test_new_run_refuses_existing_metrics(tmp_path: Path) -> None:
     with quiet_logger(tmp_path) as log:
-        log.log(1, {"loss": 1.0})
+        log.log(1, {"loss/total": 1.0})
     with pytest.raises(FileExistsError, match="resume_step"):
         quiet_logger(tmp_path)
 
 
 def test_resume_truncates_later_steps_and_continues_wall_time(tmp_path: Path) -> None:
-    with quiet_logger(tmp_path) as log:
+    with quiet_logger(tmp_path) as log:  # a run of before the metric namespaces: `loss`
         for step in range(1, 6):
             log.log(step, {"loss": float(step)})
     for step in (3, 4, 5):
@@ -84,9 +85,10 @@ def test_resume_truncates_later_steps_and_continues_wall_time(tmp_path: Path) ->
 
     with quiet_logger(tmp_path, resume_step=3) as log:
         assert log.wall_time >= 100.0
-        log.log(4, {"loss": 40.0})
-    rows = lines(tmp_path)
-    assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+        log.log(4, {"loss/total": 40.0})
+    rows = lines(tmp_path)  # the kept rows were rewritten with the new name
+    assert [(r["step"], r["loss/total"]) for r in rows] == [(1, 1), (2, 2), (3, 3), (4, 40)]
+    assert not any("loss" in r for r in rows)
     assert 100.0 <= rows[-1]["wall_time"] < 160.0
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_000003.jsonl"]
 
@@ -95,7 +97,7 @@ def test_tensorboard_events_written(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with MetricsLogger(tmp_path, console=False) as log:
-        log.log(1, {"reward/mean": 0.25, "kl": float("nan")})
+        log.log(1, {"reward/mean": 0.25, "policy/kl": float("nan")})
         log.log(2, {"reward/mean": 0.5})
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
@@ -113,10 +115,10 @@ def test_console_line(tmp_path: Path) -> None:
                 "reward/mean": 0.4,
                 "reward/std": 0.1,
                 "reward/correct": 0.3,
-                "kl": 0.0012,
-                "entropy": 1.5,
-                "clip_frac": 0.02,
-                "tokens_per_s": 812.4,
+                "policy/kl": 0.0012,
+                "policy/entropy": 1.5,
+                "policy/clip_frac": 0.02,
+                "rollout/tokens_per_s": 812.4,
                 "time/generate": 3.21,
                 "time/train": 1.0,
                 "eval/accuracy": 0.55,
@@ -176,6 +178,14 @@ def is_png(path: Path) -> bool:
     return len(data) > 1000 and data.startswith(PNG_MAGIC)
 
 
+DIAGNOSTICS_HEIGHT = 1045  # pixels of curves.png with its KL/entropy/clip panel: 9.5 in at 110 dpi
+
+
+def png_height(path: Path) -> int:
+    """The image height in a PNG's IHDR chunk (bytes 20-24)."""
+    return int.from_bytes(path.read_bytes()[20:24], "big")
+
+
 def test_plot_run_full(tmp_path: Path) -> None:
     with quiet_logger(tmp_path) as log:
         for step in range(1, 41):
@@ -183,16 +193,16 @@ def test_plot_run_full(tmp_path: Path) -> None:
                 "reward/mean": step / 40,
                 "reward/std": 0.1,
                 "reward/correct": step / 50,
-                "kl": 0.001 * step,
-                "entropy": 2 - step / 40,
-                "clip_frac": float("nan"),
+                "policy/kl": 0.001 * step,
+                "policy/entropy": 2 - step / 40,
+                "policy/clip_frac": float("nan"),
             }
             if step % 10 == 0:
                 m |= {"eval/accuracy": step / 40, "eval/turns": 2.0 + step / 20}
             log.log(step, m)
     out = plot_run(tmp_path)
     assert out == tmp_path / "plots" / "curves.png"
-    assert is_png(out)
+    assert is_png(out) and png_height(out) == DIAGNOSTICS_HEIGHT  # the third panel was drawn
     assert [p.name for p in out.parent.iterdir()] == ["curves.png"]
 
 
@@ -201,7 +211,7 @@ def test_plot_run_full(tmp_path: Path) -> None:
     [
         "",  # nothing logged yet
         '{"step": 1, "wall_time": 0.1, "reward/mean": 0.5}\n',  # one row
-        '{"step": 1, "reward/mean": null, "kl": null}\n{"step": 2, "loss": 1.0}\n',  # nulls only
+        '{"step": 1, "reward/mean": null, "policy/kl": null}\n{"step": 2, "loss/total": 1.0}\n',  # nulls only
         '{"step": 1, "eval/accuracy": 0.5}\n',  # eval only, no reward
     ],
 )

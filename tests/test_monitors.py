@@ -4,6 +4,8 @@ and stays quiet on the demo's real stream and on a healthy synthetic one.
 `tests/data/monitors_demo_stream.jsonl` is the `make demo` GRPO run (runs/demo/grpo, 30 steps,
 SFT-warmed tiny model on the calculator) compacted by `EpisodeView.of`: per step the metrics the
 monitors read and the 16 episodes the run saved (replies, per-function rewards, what each earned).
+It was recorded before the metric namespaces (`entropy`, `turns`, ...): it is read as every old
+run is, through `upgrade_row`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from looprl.trainer.config import ConfigError, load_config
+from looprl.trainer.metrics import upgrade_row
 from looprl.trainer.monitors.config import MonitorsSection
 from looprl.trainer.monitors.core import MONITORS, EpisodeView, Monitors
 from looprl.trainer.monitors.episodes import (
@@ -47,12 +50,12 @@ def healthy_step(rng: random.Random, step: int) -> tuple[dict[str, float], list[
     """A step of a healthy run: noisy but level metrics; `check` agrees with `correct` 90%."""
     metrics = {
         "reward/mean": 0.6 + 0.05 * rng.random(),
-        "turns": 2.0 + 0.2 * rng.random(),
-        "tool_calls": 1.0 + 0.2 * rng.random(),
-        "entropy": 0.5 + 0.1 * rng.random(),
-        "kl": 0.01 + 0.005 * rng.random(),
-        "mismatch_kl": 1e-9 * rng.random(),
-        "logprob_gap": 1e-6 * (1 + rng.random()),
+        "rollout/turns": 2.0 + 0.2 * rng.random(),
+        "rollout/tool_calls": 1.0 + 0.2 * rng.random(),
+        "policy/entropy": 0.5 + 0.1 * rng.random(),
+        "policy/kl": 0.01 + 0.005 * rng.random(),
+        "policy/mismatch_kl": 1e-9 * rng.random(),
+        "policy/logprob_gap": 1e-6 * (1 + rng.random()),
     }
     if step % 10 == 0:
         metrics["eval/reward"] = 0.6 + 0.02 * rng.random()
@@ -77,7 +80,7 @@ def hack_length_blowup(rng, step, metrics, episodes):
 
 
 def hack_tool_call_spike(rng, step, metrics, episodes):
-    return {**metrics, "tool_calls": 6.0}, episodes
+    return {**metrics, "rollout/tool_calls": 6.0}, episodes
 
 
 def hack_format_only_reward(rng, step, metrics, episodes):
@@ -90,12 +93,12 @@ def hack_format_only_reward(rng, step, metrics, episodes):
 
 
 def hack_entropy_collapse(rng, step, metrics, episodes):
-    return {**metrics, "entropy": 0.05}, episodes
+    return {**metrics, "policy/entropy": 0.05}, episodes
 
 
 def hack_kl_spike(rng, step, metrics, episodes):
     """One step where the sampler and the trainer disagree (a weight sync gone wrong)."""
-    return ({**metrics, "mismatch_kl": 0.02} if step == HACK else metrics), episodes
+    return ({**metrics, "policy/mismatch_kl": 0.02} if step == HACK else metrics), episodes
 
 
 def hack_repeated_ngrams(rng, step, metrics, episodes):
@@ -171,18 +174,24 @@ def test_warning_names_the_numbers_and_what_to_look_at() -> None:
     printed: list[str] = []
     monitors = Monitors(MonitorsSection(), warn=printed.append)
     for step in range(1, 8):
-        monitors.observe(step, {"tool_calls": 1.0 if step < 7 else 9.0})
+        monitors.observe(step, {"rollout/tool_calls": 1.0 if step < 7 else 9.0})
     assert printed == [
-        "tool_call_spike tripped at step 7: tool_calls 9 per episode vs baseline 1. Look at "
+        "tool_call_spike tripped at step 7: rollout/tool_calls 9 per episode vs baseline 1. Look at "
         "episodes with the most tool calls: a flood of calls the reward pays for."
     ]
 
 
+def demo_rows() -> list[dict]:
+    """The recorded stream's rows as stored: metrics under the names of before the namespaces."""
+    lines = (DATA / "monitors_demo_stream.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
 def demo_stream() -> list[tuple[int, dict, list[EpisodeView]]]:
-    rows = [
-        json.loads(line) for line in (DATA / "monitors_demo_stream.jsonl").read_text().splitlines()
+    return [
+        (r["step"], upgrade_row(r["metrics"]), [EpisodeView(**e) for e in r["episodes"]])
+        for r in demo_rows()
     ]
-    return [(r["step"], r["metrics"], [EpisodeView(**e) for e in r["episodes"]]) for r in rows]
 
 
 def test_monitors_stay_quiet_on_the_demo_stream() -> None:
@@ -194,8 +203,8 @@ def test_monitors_stay_quiet_on_the_demo_stream() -> None:
     assert warnings == []
     assert {k for row in rows for k, v in row.items() if k.startswith("monitor/") and v} == set()
     # the supporting series were computed, not skipped
-    assert all("reply_tokens" in row and "repeat_ngram_frac" in row for row in rows)
-    assert any("reward_agreement" in row for row in rows)
+    assert all("rollout/reply_tokens" in row and "rollout/repeat_ngram_frac" in row for row in rows)
+    assert any("rollout/reward_agreement" in row for row in rows)
 
 
 def test_saturating_check_is_not_disagreement() -> None:
@@ -221,19 +230,23 @@ def test_a_resumed_run_keeps_its_baselines_and_does_not_warn_again() -> None:
     first: list[str] = []
     whole = Monitors(cfg, warn=first.append)
     for step in range(1, 13):
-        metrics = {"tool_calls": 9.0 if step == 8 else 1.0, "entropy": 0.5, "reward/mean": 0.5}
+        metrics = {
+            "rollout/tool_calls": 9.0 if step == 8 else 1.0,
+            "policy/entropy": 0.5,
+            "reward/mean": 0.5,
+        }
         rows.append({"step": step, **metrics, **whole.observe(step, metrics)})
     assert first and "step 8" in first[0]
     again: list[str] = []
     resumed = Monitors(cfg, warn=again.append, history=rows[:10])
-    metrics = {"tool_calls": 9.0, "entropy": 0.5, "reward/mean": 0.5}
+    metrics = {"rollout/tool_calls": 9.0, "policy/entropy": 0.5, "reward/mean": 0.5}
     assert resumed.observe(11, metrics)["monitor/tool_call_spike"] == 1.0  # baseline replayed
     assert again == []  # it warned at step 8, before the resume
 
 
 def test_disabled_monitors_add_nothing_and_step_zero_only_sets_baselines() -> None:
     off = Monitors(MonitorsSection(enabled=False))
-    assert off.observe(3, {"tool_calls": 1.0}) == {}
+    assert off.observe(3, {"rollout/tool_calls": 1.0}) == {}
     on = Monitors(MonitorsSection(), warn=lambda _m: None)
     assert on.observe(0, {"eval/reward": 0.5}) == {}
 
@@ -289,19 +302,19 @@ def test_monitors_run_in_a_real_training_run(tmp_path) -> None:
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert {row[f"monitor/{name}"] for name in MONITORS} <= {0.0, 1.0}
-        assert row["reply_tokens"] > 0 and "format_only_frac" in row
+        assert row["rollout/reply_tokens"] > 0 and "rollout/format_only_frac" in row
 
 
 def test_replay_of_a_logged_run_reports_trips_and_noise(tmp_path, capsys) -> None:
     from looprl.trainer.monitors.replay import main
 
-    rows = [{"step": s, **m} for s, m, _ in demo_stream()]
+    rows = [{"step": r["step"], **r["metrics"]} for r in demo_rows()]  # a run of the old names
     rows[24]["tool_calls"] = 6.0  # step 25: a flood of calls
     (tmp_path / "config.json").write_text(json.dumps({"config": {"env": {"name": "calculator"}}}))
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main([str(tmp_path), "--monitors.window", "8"]) == 0
     out = capsys.readouterr().out
-    assert "would warn: tool_call_spike tripped at step 25: tool_calls 6 per episode" in out
+    assert "would warn: tool_call_spike tripped at step 25: rollout/tool_calls 6 per episode" in out
     assert "step   25  tool_call_spike" in out
     assert "eval/reward: 10:0.312 20:0.344 30:0.328" in out
 

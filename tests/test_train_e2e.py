@@ -36,10 +36,10 @@ def test_two_steps_change_weights_for_every_preset(tmp_path, preset):
     changed = any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
     rows = read_metrics(trainer.run_dir)
     assert len(rows) == 2 and all(
-        math.isfinite(r["loss"]) for r in rows if r.get("loss") is not None
+        math.isfinite(r["loss/total"]) for r in rows if r.get("loss/total") is not None
     )
     assert changed, "a training step left the weights unchanged"
-    assert any(r.get("adv_abs_mean", 0.0) > 0 for r in rows)
+    assert any(r.get("train/adv_abs_mean", 0.0) > 0 for r in rows)
     assert (trainer.run_dir / "final" / "config.json").exists()
     assert "reward/mean" in last
 
@@ -50,7 +50,7 @@ def test_trainer_logprobs_match_engine(tmp_path):
     trainer = Trainer(cfg)
     trainer.run()
     row = read_metrics(trainer.run_dir)[0]
-    assert row["mismatch_kl"] < 1e-6
+    assert row["policy/mismatch_kl"] < 1e-6
 
 
 def test_eval_before_logs_the_starting_point(tmp_path):
@@ -59,8 +59,8 @@ def test_eval_before_logs_the_starting_point(tmp_path):
     Trainer(cfg).run()
     rows = read_metrics(tmp_path / "before")
     assert [r["step"] for r in rows] == [0, 1]
-    assert "eval/reward" in rows[0] and "loss" not in rows[0]
-    assert "eval/reward" in rows[1] and "loss" in rows[1]
+    assert "eval/reward" in rows[0] and "loss/total" not in rows[0]
+    assert "eval/reward" in rows[1] and "loss/total" in rows[1]
     assert (tmp_path / "before" / "eval" / "step_000000" / "results.jsonl").stat().st_size > 0
 
 
@@ -86,7 +86,7 @@ def test_resume_after_crash_reproduces_metrics(tmp_path, monkeypatch):
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert got == expected
     assert any(
-        r["grad_norm"] > 0 for r in got
+        r["train/grad_norm"] > 0 for r in got
     )  # real updates happened, so equality means something
 
 

@@ -165,7 +165,8 @@ def test_malformed_and_half_written_lines_are_skipped_with_notice(viewer_server,
     tail = lines[3][: len(lines[3]) // 2]  # half-written, no newline
     path.write_text(lines[0] + "{not json\n" + corrupt + "\n" + lines[2] + "[1, 2]\n" + tail)
     with open(run / "metrics.jsonl", "a") as f:
-        f.write("garbage\n" + json.dumps({"step": 2, "loss": float("nan"), "kl": 0.1}) + "\n")
+        row = {"step": 2, "loss/total": float("nan"), "policy/kl": 0.1}
+        f.write("garbage\n" + json.dumps(row) + "\n")
     url = viewer_server(run)
     res = get(url, "api/rollouts?run=bad&step=1")
     # the corrupt middle of line 3 passes the head-and-tail index and is found when listed
@@ -178,7 +179,7 @@ def test_malformed_and_half_written_lines_are_skipped_with_notice(viewer_server,
     assert f1["skipped"] == 3 and f1["partial"] and info["skipped_total"] == 4
     assert f1["episodes_indexed"] == 2
     rows = get(url, "api/metrics?run=bad&since=0")["rows"]
-    assert rows[-1] == {"step": 2.0, "kl": 0.1}  # NaN dropped, JSON stays valid
+    assert rows[-1] == {"step": 2.0, "policy/kl": 0.1}  # NaN dropped, JSON stays valid
     assert info["metrics_notice"]["skipped_lines"] == [2]
 
 
@@ -249,6 +250,31 @@ def test_folder_of_runs_eval_dir_and_read_only(viewer_server, tmp_path):
         get(url, f"api/metrics?run={rid}")
     after = snapshot(root)
     assert {k: v for k, v in after.items() if "/c/" not in k} == before
+
+
+def test_a_run_written_before_the_metric_namespaces_opens_with_the_new_names(
+    viewer_server, tmp_path
+):
+    """The same run written with the old bare names (`kl`, `loss`, `turns`, ...) and with the
+    namespaced ones: the viewer serves the same rows and monitor trips, and it plots."""
+    shape = {"steps": 6, "tasks": 2, "group": 2, "eval_every": 3, "monitors": {"kl_spike": 4}}
+    new = write_run(tmp_path / "new", **shape)
+    old = write_run(tmp_path / "old", **shape, old_names=True)
+    stored = json.loads((old / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"kl", "loss", "tool_calls", "rollout_errors"} <= set(stored)
+    assert not any(k.startswith(("policy/", "loss/", "rollout/")) for k in stored)
+    url = viewer_server(tmp_path)
+    runs = {r["id"]: r for r in get(url, "api/runs")["runs"]}
+    assert runs["old"]["metric_rows"] == runs["new"]["metric_rows"] == 6
+    assert runs["old"]["monitors"] == runs["new"]["monitors"] != []
+    rows = get(url, "api/metrics?run=old&since=0")["rows"]
+    assert rows == get(url, "api/metrics?run=new&since=0")["rows"]
+    assert {"policy/kl", "loss/total", "rollout/tool_calls", "rollout/errors"} <= set(rows[0])
+    assert not {"kl", "loss", "tool_calls"} & set(rows[0])
+    from looprl.trainer.plots import plot_run
+
+    height = [int.from_bytes(plot_run(d).read_bytes()[20:24], "big") for d in (old, new)]
+    assert height == [1045, 1045]  # PNG IHDR height: both have the KL/entropy/clip panel
 
 
 def test_errors_name_the_problem(viewer_server, run, tmp_path):

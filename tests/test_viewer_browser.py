@@ -1,6 +1,7 @@
 """`looprl view` in a real browser: Debian's chromium, headless, driven by Playwright.
 
-Loads a folder with two training runs and an eval result directory, checks that curves are drawn (series colours on the canvas) and
+Loads a folder with two training runs (one written with the metric names of before the namespaces)
+and an eval result directory, checks that curves are drawn (series colours on the canvas) and
 update live, opens a rollout, toggles the token view, opens the compare view, and saves
 screenshots (to $LOOPRL_VIEWER_SHOTS when set, else a pytest tmp dir) that must be real PNGs.
 """
@@ -33,7 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]  # skipped without Chromium
 
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
-    """Two runs in one folder; `alpha` has a tokenizer and one malformed rollout line."""
+    """Two runs in one folder; `alpha` has a tokenizer and one malformed rollout line, `beta`
+    the bare metric names of a run made before the namespaces (`kl`, `loss`, ...)."""
     tok = build_tokenizer(tmp_path / "tok")
     root = tmp_path / "runs"
     write_run(
@@ -45,7 +47,7 @@ def runs_dir(tmp_path: Path) -> Path:
         encode=hf_encoder(tok),
         model=str(tok),
     )
-    write_run(root / "beta", steps=8, tasks=5, group=4, eval_every=4, seed=1)
+    write_run(root / "beta", steps=8, tasks=5, group=4, eval_every=4, seed=1, old_names=True)
     with open(root / "alpha" / "rollouts" / "step_000012.jsonl", "a") as f:
         f.write("{this line is broken\n")
     ev = root / "gamma-eval"  # a `looprl eval` result directory
@@ -103,7 +105,7 @@ def test_viewer_in_chromium(runs_dir: Path, shots: Path):
 
 def check_curves(page, runs_dir: Path, shots: Path) -> None:
     """Both runs overlaid (one colour per run), axis switch, live update without reload."""
-    page.wait_for_function("LV.app.state.charts.reward && LV.app.state.charts.kl")
+    page.wait_for_function("LV.app.state.charts.reward && LV.app.state.charts['policy/kl']")
     page.wait_for_function("Object.keys(LV.app.state.metrics).length === 3")
     assert "gamma-eval" in page.inner_text("#summaries") and "accuracy" in page.inner_text(
         "#summaries"
@@ -112,13 +114,16 @@ def check_curves(page, runs_dir: Path, shots: Path) -> None:
     assert colour_count(page, "reward", "#2f6fde") > 100  # alpha
     assert colour_count(page, "reward", "#e0533d") > 100  # beta
     titles = page.eval_on_selector_all(".chart h3", "els => els.map(e => e.textContent)")
-    assert titles[:2] == ["reward", "eval"] and "kl" in titles and "time" in titles
+    assert titles[:2] == ["reward", "eval"] and "policy/kl" in titles and "time" in titles
+    assert "kl" not in titles  # beta's old `kl` is drawn with alpha's `policy/kl`
+    assert colour_count(page, "policy/kl", "#e0533d") > 50  # beta
     page.screenshot(path=str(shots / "curves.png"), full_page=True)
     page.select_option("#xaxis", "wall_time")
-    assert page.evaluate("LV.app.state.charts.kl.xKind") == "wall_time"
-    assert colour_count(page, "kl", "#2f6fde") > 50
+    assert page.evaluate("LV.app.state.charts['policy/kl'].xKind") == "wall_time"
+    assert colour_count(page, "policy/kl", "#2f6fde") > 50
+    row = {"step": 13, "wall_time": 60.0, "reward/mean": 2.0, "policy/kl": 0.5}
     with open(runs_dir / "alpha" / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": 13, "wall_time": 60.0, "reward/mean": 2.0, "kl": 0.5}) + "\n")
+        f.write(json.dumps(row) + "\n")
     page.wait_for_function(
         "LV.app.state.charts.reward.series.some(s => s.points.length === 13)", timeout=10_000
     )
@@ -305,13 +310,14 @@ def check_sections_and_axes(page, shots: Path) -> None:
     sections = page.eval_on_selector_all(
         "details.section", "els => els.map(e => e.dataset.section)"
     )
-    assert sections[:3] == ["reward", "eval", "monitors"] and "update" in sections
-    assert page.get_attribute("details.section[data-section=update]", "open") is None  # folded
-    # constants folded away behind a toggle: lr and rollout_errors never change
-    toggle = page.locator("details[data-section=update] .const-toggle")
+    # a section per metric namespace, in the order of docs/metrics.md's list
+    assert sections == ["reward", "eval", "monitor", "rollout", "loss", "policy", "train", "time"]
+    assert page.get_attribute("details.section[data-section=train]", "open") is None  # folded
+    # constants folded away behind a toggle: train/lr and rollout/errors never change
+    toggle = page.locator("details[data-section=train] .const-toggle")
     assert toggle.text_content() == "1 constant series hidden"
-    assert "lr = 1.00e-4" in page.text_content("details[data-section=update] .constants")
-    assert "lr" not in page.evaluate("Object.keys(LV.app.state.charts)")
+    assert "train/lr = 1.00e-4" in page.text_content("details[data-section=train] .constants")
+    assert "train/lr" not in page.evaluate("Object.keys(LV.app.state.charts)")
     # the eval chart holds rates only (y axis [0, 1]); token counts get their own chart
     labels = page.evaluate("LV.app.state.charts.eval.series.map(s => s.label)")
     assert "eval/pass@1" in labels and not any("gen_tokens" in x for x in labels)
@@ -329,8 +335,8 @@ def check_sections_and_axes(page, shots: Path) -> None:
     assert page.evaluate("LV.charts.fmtTick(0.25, 0.05)") == "0.25"
     assert page.evaluate("LV.charts.fmtTick(0.25, 0.25)") == "0.25"  # not 0.3
     assert page.evaluate("LV.charts.fmtTick(40, 2.5)") == "40.0"
-    page.click("details[data-section=update] > summary")
-    page.wait_for_function("LV.app.state.charts.pg_loss.canvas.clientHeight > 0")
+    page.click("details[data-section=loss] > summary")
+    page.wait_for_function("LV.app.state.charts.loss.canvas.clientHeight > 0")
     page.screenshot(path=str(shots / "sections.png"), full_page=True)
 
 

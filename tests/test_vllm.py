@@ -61,8 +61,10 @@ def _run(tmp_path: Path, name: str, base_url: str, **overrides) -> list[dict]:
 def test_three_grpo_steps_keep_the_logprob_gap_at_float32_noise(server, tmp_path) -> None:
     rows = _run(tmp_path, "synced", server.base_url)
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["logprob_gap"] < GAP_SYNCED for r in rows), [r["logprob_gap"] for r in rows]
-    assert all(r["mismatch_kl"] < GAP_SYNCED for r in rows)
+    assert all(r["policy/logprob_gap"] < GAP_SYNCED for r in rows), [
+        r["policy/logprob_gap"] for r in rows
+    ]
+    assert all(r["policy/mismatch_kl"] < GAP_SYNCED for r in rows)
     assert rows[-1]["reward/mean"] > 0
 
 
@@ -73,10 +75,12 @@ def test_a_skipped_sync_shows_a_large_gap(server, tmp_path, monkeypatch) -> None
         self.policy_version = version
 
     rows_first = _run(tmp_path, "first", server.base_url)  # the start sync sets the weights
-    assert rows_first[0]["logprob_gap"] < GAP_SYNCED
+    assert rows_first[0]["policy/logprob_gap"] < GAP_SYNCED
     monkeypatch.setattr(VLLMEngine, "sync_weights", stale)
     rows = _run(tmp_path, "stale", server.base_url, **{"trainer.seed": 1})
-    assert all(r["logprob_gap"] > GAP_STALE for r in rows[1:]), [r["logprob_gap"] for r in rows]
+    assert all(r["policy/logprob_gap"] > GAP_STALE for r in rows[1:]), [
+        r["policy/logprob_gap"] for r in rows
+    ]
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -130,9 +134,9 @@ def test_a_sigkilled_trainer_leaves_no_vllm_process(tmp_path) -> None:
 
 def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
     rows = _run(tmp_path, "async", server.base_url, **{"trainer.max_async_steps": 1})
-    assert [r["staleness"] for r in rows] == [0, 1, 1]
-    assert rows[0]["logprob_gap"] < GAP_SYNCED  # sampled by the weights it trains
-    assert all(r["tis_weight_mean"] > 0 for r in rows)  # TIS is on with vLLM
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 1]
+    assert rows[0]["policy/logprob_gap"] < GAP_SYNCED  # sampled by the weights it trains
+    assert all(r["policy/tis_weight_mean"] > 0 for r in rows)  # TIS is on with vLLM
 
 
 def test_eval_with_the_vllm_engine(tmp_path) -> None:
@@ -180,7 +184,9 @@ def test_lora_adapters_are_hot_loaded_each_step(tmp_path) -> None:
     trainer.run()
     rows = [json.loads(x) for x in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
     assert trainer.engine.clients[0].model == "policy-v3"  # type: ignore[attr-defined]
-    assert all(r["logprob_gap"] < GAP_LORA for r in rows), [r["logprob_gap"] for r in rows]
+    assert all(r["policy/logprob_gap"] < GAP_LORA for r in rows), [
+        r["policy/logprob_gap"] for r in rows
+    ]
 
 
 def test_two_servers_share_groups_fail_over_then_restart(tmp_path) -> None:

@@ -108,7 +108,7 @@ def episode(task_id: str, reward: float) -> EpisodeResult:
 def test_offline_run_holds_metrics_config_rollouts_and_plot(tmp_path, offline, capfd):
     run_dir = tmp_path / "run"
     logger = WandbLogger(run_dir, config={"trainer": {"steps": 2}}, rollouts=2)
-    logger.log(1, {"step": 1, "reward/mean": 0.25, "loss": 0.5, "kl": None})
+    logger.log(1, {"step": 1, "reward/mean": 0.25, "loss/total": 0.5, "policy/kl": None})
     logger.log(2, {"step": 2, "reward/mean": 0.75, "eval/reward": 1.0})
     logger.log_rollouts(2, [episode(f"t{i}", i / 4) for i in range(4)])
     png = tmp_path / "curves.png"
@@ -123,8 +123,8 @@ def test_offline_run_holds_metrics_config_rollouts_and_plot(tmp_path, offline, c
     assert capfd.readouterr() == ("", "")  # no banner, no summary, no captured console
 
     history, config = history_and_config(offline, run_dir)
-    assert history[1]["reward/mean"] == 0.25 and history[1]["loss"] == 0.5
-    assert "kl" not in history[1]  # null values are left out
+    assert history[1]["reward/mean"] == 0.25 and history[1]["loss/total"] == 0.5
+    assert "policy/kl" not in history[1]  # null values are left out
     assert history[2]["reward/mean"] == 0.75 and history[2]["eval/reward"] == 1.0
     assert history[2]["rollouts/_type"] == "table-file"
     assert history[2]["plot/_type"] == "image-file"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
+from looprl.trainer.metrics import check_metric_name
 from looprl.trainer.monitors.config import MonitorsSection
 
 if TYPE_CHECKING:
@@ -222,6 +223,11 @@ class TrainerSection(_Section):
         description="under torchrun: how long ranks wait for rank 0's own work (evaluation, "
         "export) before giving up; an evaluation may take far longer than one collective",
     )
+
+    @field_validator("early_stop_metric")
+    @classmethod
+    def _a_metric_key(cls, v: str | None) -> str | None:
+        return None if v is None else check_metric_name(v)
 
 
 class RunSection(_Section):

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from looprl.trainer.metrics import upgrade_row
 from looprl.viewer.schema import episode_problem
 
 # Episode flags (one byte per episode).
@@ -190,7 +191,11 @@ def finite(x: Any) -> float | None:
 
 
 class MetricsFile(JsonlIndex):
-    """`metrics.jsonl`: one row of numbers per training step, kept in memory (rows are small)."""
+    """`metrics.jsonl`: one row of numbers per training step, kept in memory (rows are small).
+
+    A run written before the metric namespaces has its bare names renamed as rows are read
+    (`looprl.trainer.metrics.upgrade_row`), so old and new runs chart side by side.
+    """
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -202,7 +207,7 @@ class MetricsFile(JsonlIndex):
         if not isinstance(obj, dict):
             raise ValueError("metrics line is not a JSON object")
         row: dict[str, float] = {}
-        for k, v in obj.items():
+        for k, v in upgrade_row(obj).items():
             f = finite(v)
             if f is not None:
                 row[str(k)] = f

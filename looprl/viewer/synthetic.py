@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from looprl.trainer.metrics import OLD_NAMES
 from looprl.types import EpisodeResult, Message, Task, ToolCall, ToolOutcome, Trajectory
 
 Encode = Callable[[str], list[int]]
@@ -149,12 +150,16 @@ def write_run(
     seed: int = 0,
     monitors: dict[str, int] | None = None,
     eval_before: bool = False,
+    old_names: bool = False,
 ) -> Path:
     """Write a complete synthetic training run; returns `path`.
 
     `monitors` maps a monitor name to the step it first trips (its `monitor/<name>` metric is
     1.0 from then on every other step, else 0.0); `eval_before` adds a held-out eval at step 0.
+    `old_names` writes the metrics under the bare names of runs made before the metric
+    namespaces (`kl`, `loss`, ...; `looprl.trainer.metrics.OLD_NAMES`).
     """
+    bare = {new: old for old, new in OLD_NAMES.items()} if old_names else {}
     enc: Encode = encode or (lambda s: [])
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(run_config(model, steps, group), indent=2))
@@ -171,7 +176,7 @@ def write_run(
                 row[f"monitor/{name}"] = float(step >= first and (step - first) % 2 == 0)
             if step % eval_every == 0:
                 row.update(_eval(path, rng, step, tasks, skill, enc, model))
-            mf.write(json.dumps(row) + "\n")
+            mf.write(json.dumps({bare.get(k, k): v for k, v in row.items()}) + "\n")
     return path
 
 
@@ -236,21 +241,21 @@ def metrics_row(rng: random.Random, step: int, eps: list[EpisodeResult]) -> dict
         "reward/std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5,
         "reward/correct": sum(e.rewards["correct"] for e in eps) / len(eps),
         "reward/format": sum(e.rewards["format"] for e in eps) / len(eps),
-        "kl": 0.001 * step * (1 + 0.3 * rng.random()),
-        "entropy": 1.2 * math.exp(-step / 30) + 0.05 * rng.random(),
-        "clip_frac": 0.02 + 0.03 * rng.random(),
-        "mismatch_kl": 1e-4 * (1 + rng.random()),
-        "pg_loss": 2e-9 * (rng.random() - 0.5),  # tiny values around 0: ticks like 1e-9
-        "lr": 1e-4,
-        "rollout_errors": 0.0,
-        "tool_calls": sum(e.num_tool_calls for e in eps) / len(eps),
-        "gen_tokens": 40.0 * len(eps) * (1 + 0.2 * rng.random()),
-        "tokens_per_s": 900 + 100 * rng.random(),
+        "policy/kl": 0.001 * step * (1 + 0.3 * rng.random()),
+        "policy/entropy": 1.2 * math.exp(-step / 30) + 0.05 * rng.random(),
+        "policy/clip_frac": 0.02 + 0.03 * rng.random(),
+        "policy/mismatch_kl": 1e-4 * (1 + rng.random()),
+        "loss/pg": 2e-9 * (rng.random() - 0.5),  # tiny values around 0: ticks like 1e-9
+        "train/lr": 1e-4,
+        "rollout/errors": 0.0,
+        "rollout/tool_calls": sum(e.num_tool_calls for e in eps) / len(eps),
+        "rollout/gen_tokens": 40.0 * len(eps) * (1 + 0.2 * rng.random()),
+        "rollout/tokens_per_s": 900 + 100 * rng.random(),
         "time/generate": 2.0 + rng.random(),
         "time/score": 0.1,
         "time/train": 1.0 + 0.2 * rng.random(),
         "time/sync": 0.05,
-        "loss": 0.1 * rng.random() - 0.05,
+        "loss/total": 0.1 * rng.random() - 0.05,
     }
 
 

@@ -32,7 +32,6 @@ the same directory, temp-dir-and-rename and manifest, with `torch.distributed.ch
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from looprl.models.weights import frozen_copy
 from looprl.trainer.checkpoint.files import (
     ADAPTER_FILE,
     CHECKPOINTS,
@@ -296,7 +296,7 @@ def resume_latest(
 def export_hf(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path) -> Path:
     """Export `model` (and `tokenizer`, with its chat template) as a normal Hugging Face directory.
 
-    A PEFT model is merged first, on a deep copy, so the live training model keeps its adapter.
+    A PEFT model is merged first into a plain copy, so the live training model keeps its adapter.
     The directory is written atomically (temp dir + rename); an existing `out_dir` is replaced.
     `AutoModelForCausalLM.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained(out_dir)`
     load the result.
@@ -391,10 +391,9 @@ def _load_module(module: torch.nn.Module, file: Path) -> None:
 
 
 def _merged_copy(model: torch.nn.Module) -> Any:
-    if not _is_peft(model):
-        return model
-    merged: Any = copy.deepcopy(model)
-    return merged.merge_and_unload()
+    """The model to export: itself, or for PEFT a plain copy with the LoRA deltas merged in (the
+    same merge the engines are synced with, `looprl.models.weights`)."""
+    return frozen_copy(model) if _is_peft(model) else model
 
 
 def _keep_if_damaged(final: Path) -> None:

@@ -7,7 +7,9 @@ quiet, close enough that a hack built to trip a monitor trips it at the step it 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from looprl.trainer.metrics import check_metric_name
 
 
 class MonitorsSection(BaseModel):
@@ -110,6 +112,11 @@ class MonitorsSection(BaseModel):
     min_episodes: int = Field(
         32, ge=4, description="reward_disagreement: episodes a pooled correlation needs"
     )
+
+    @field_validator("heldout_metric")
+    @classmethod
+    def _a_metric_key(cls, v: str) -> str:
+        return check_metric_name(v)
 
     @model_validator(mode="after")
     def _ordered(self) -> MonitorsSection:

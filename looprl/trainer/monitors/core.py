@@ -4,8 +4,8 @@ A monitor is fed one `StepView` per step (the metrics dict the step writes to `m
 plus what it needs of the step's episodes) and returns a `Reading`: tripped or not, the numbers
 that tripped it, and any supporting metric. `Monitors` runs the table `MONITORS`, writes
 `monitor/<name>` on every step (1.0 at a step where that monitor tripped, else 0.0) with the
-supporting series (`rollout/...`), and prints one console line the first time each monitor trips: what tripped,
-the numbers, the step, and what to look at. Thresholds live in `MonitorsSection` ([monitors]);
+supporting series (`rollout/...`: `monitor/` holds the flags alone), and prints one console line
+the first time each monitor trips: what tripped, the numbers, the step, and what to look at. Thresholds live in `MonitorsSection` ([monitors]);
 docs/reward_hacking.md says how each default was measured.
 
 The episode-based monitors (format-only reward, repeated n-grams, reward disagreement) live in

@@ -2,7 +2,8 @@
 
     python -m looprl.trainer.monitors.replay RUN_DIR [--monitors.FIELD VALUE ...]
 
-Reads `RUN_DIR/metrics.jsonl` and the episodes the run saved (`rollouts/step_*.jsonl`, at most
+Reads `RUN_DIR/metrics.jsonl` (a run written before the metric namespaces too: `read_metrics`
+renames its keys) and the episodes the run saved (`rollouts/step_*.jsonl`, at most
 `trainer.save_rollouts` per step, so the episode-based monitors see a sample), rebuilds the
 rubric from `RUN_DIR/config.json`, and prints each step's monitor readings, then each series'
 natural noise: its largest and smallest ratio to the rolling baseline the spike monitors use,
@@ -20,12 +21,23 @@ from typing import Any
 
 from looprl.trainer.config import load_config, parse_cli_overrides
 from looprl.trainer.logger import METRICS_FILE, ROLLOUTS_DIR, read_metrics
-from looprl.trainer.monitors.core import MONITORS, Monitors
 from looprl.trainer.monitors.config import MonitorsSection
+from looprl.trainer.monitors.core import MONITORS, Monitors
 from looprl.types import EpisodeResult
 
-SPIKE_SERIES = ("reply_tokens", "turns", "tool_calls", "kl", "mismatch_kl", "logprob_gap")
-EPISODE_SERIES = ("format_only_frac", "repeat_ngram_frac", "reward_agreement")
+SPIKE_SERIES = (
+    "rollout/reply_tokens",
+    "rollout/turns",
+    "rollout/tool_calls",
+    "policy/kl",
+    "policy/mismatch_kl",
+    "policy/logprob_gap",
+)
+EPISODE_SERIES = (
+    "rollout/format_only_frac",
+    "rollout/repeat_ngram_frac",
+    "rollout/reward_agreement",
+)
 
 
 def replay(run_dir: Path, cfg: MonitorsSection, rubric: Any) -> list[dict[str, float]]:
@@ -58,11 +70,11 @@ def noise(rows: list[dict[str, float]], cfg: MonitorsSection) -> dict[str, str]:
         ]
         if ratios:
             out[key] = f"value / rolling median: {min(ratios):.2f} .. {max(ratios):.2f}"
-    entropy = [r["entropy"] for r in rows if "entropy" in r]
+    entropy = [r["policy/entropy"] for r in rows if "policy/entropy" in r]
     if len(entropy) > cfg.window:
         start = statistics.median(entropy[: cfg.window])
         low = min(entropy[cfg.window :])
-        out["entropy"] = f"start {start:.3g}, lowest after {low:.3g} (x{low / start:.2f})"
+        out["policy/entropy"] = f"start {start:.3g}, lowest after {low:.3g} (x{low / start:.2f})"
     held = [(int(r["step"]), r[cfg.heldout_metric]) for r in rows if cfg.heldout_metric in r]
     if held:
         out[cfg.heldout_metric] = " ".join(f"{s}:{v:.3f}" for s, v in held)

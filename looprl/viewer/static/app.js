@@ -113,21 +113,18 @@ LV.app = (() => {
     return LV.el("td", { class: typeof v === "number" ? "num" : "" }, typeof v === "number" ? LV.charts.fmt(v) : String(v ?? "–"));
   }
 
-  // Sections of the curves tab, in order: the first whose test matches a metric key takes it.
-  const SECTIONS = [
-    ["reward", (k) => k.startsWith("reward/") || k.startsWith("env/")],
-    ["eval", (k) => k.startsWith("eval/")],
-    ["monitors", (k) => k.startsWith("monitor/")],
-    ["update", (k) => /^(loss|pg_loss|kl|kl_loss|entropy|entropy_loss|clip_frac|ratio_|grad_norm|lr$|adv_|mismatch_kl|logprob_gap|tis_|value_|return_mean|keep_frac|zero_var_frac|groups_used|skipped|staleness|stale_dropped)/.test(k)],
-    ["episodes", (k) => /^(turns|truncated_frac|gen_tokens|rollout_errors|infra_errors|scoring_errors|template_breaks)/.test(k)],
-    ["tools", (k) => k.startsWith("tool")],
-    ["timing", (k) => k.startsWith("time/") || /tokens_per_s|forward_|train_tokens/.test(k)],
-  ];
-  const OPEN_BY_DEFAULT = new Set(["reward", "eval", "monitors"]);
+  // Sections of the curves tab, in order: one per metric namespace (docs/metrics.md; the server
+  // renames the bare keys of older runs), `env/` beside `reward/`, anything else under "other".
+  const SECTIONS = ["reward", "eval", "monitor", "rollout", "loss", "policy", "value", "train", "time"];
+  const OPEN_BY_DEFAULT = new Set(["reward", "eval", "monitor"]);
+  // Namespaces whose metrics differ in scale: one chart per metric. The series of any other
+  // namespace (reward/, eval/, loss/, time/, ...) share one chart, named after the namespace.
+  const OWN_CHART = new Set(["rollout", "policy", "value", "train"]);
 
-  function sectionOf(key) { const s = SECTIONS.find(([, t]) => t(key)); return s ? s[0] : "other"; }
-  function sectionRank(name) { const i = SECTIONS.findIndex(([n]) => n === name); return i < 0 ? SECTIONS.length : i; }
-  function groupOf(key) { return key.includes("/") ? key.split("/")[0] : key; }
+  function namespaceOf(key) { return key.includes("/") ? key.split("/")[0] : ""; }
+  function sectionOf(key) { const ns = namespaceOf(key) === "env" ? "reward" : namespaceOf(key); return SECTIONS.includes(ns) ? ns : "other"; }
+  function sectionRank(name) { const i = SECTIONS.indexOf(name); return i < 0 ? SECTIONS.length : i; }
+  function groupOf(key) { const ns = namespaceOf(key); return ns && !OWN_CHART.has(ns) ? ns : key; }
 
   // Every value of `key` over the shown runs, and whether they are all the same number.
   function valuesOf(key, runs) {
