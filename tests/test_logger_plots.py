@@ -14,7 +14,15 @@ import torch
 from rich.console import Console
 
 from looprl.trainer.logger import MetricsLogger, format_line, read_metrics, save_rollouts
-from looprl.trainer.plots import plot_comparison, plot_run, series, smooth
+from looprl.trainer.plots import (
+    Panel,
+    band_limits,
+    plot_comparison,
+    plot_panels,
+    plot_run,
+    series,
+    smooth,
+)
 from looprl.types import EpisodeResult, Message, Task, Trajectory
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -178,7 +186,7 @@ def is_png(path: Path) -> bool:
     return len(data) > 1000 and data.startswith(PNG_MAGIC)
 
 
-DIAGNOSTICS_HEIGHT = 1045  # pixels of curves.png with its KL/entropy/clip panel: 9.5 in at 110 dpi
+FULL_HEIGHT = 1012  # pixels of curves.png with two rows of panels: (3.6 + 2 * 2.8) in at 110 dpi
 
 
 def png_height(path: Path) -> int:
@@ -202,8 +210,30 @@ def test_plot_run_full(tmp_path: Path) -> None:
             log.log(step, m)
     out = plot_run(tmp_path)
     assert out == tmp_path / "plots" / "curves.png"
-    assert is_png(out) and png_height(out) == DIAGNOSTICS_HEIGHT  # the third panel was drawn
+    assert is_png(out) and png_height(out) == FULL_HEIGHT  # two rows of panels below the reward
     assert [p.name for p in out.parent.iterdir()] == ["curves.png"]
+    panels = plot_panels(read_metrics(tmp_path / "metrics.jsonl"))
+    assert panels == [  # the eval count apart from the eval rate; each diagnostic on its own axis
+        Panel("held-out evaluation", ("eval/accuracy",), True),
+        Panel("eval/turns", ("eval/turns",), False),
+        Panel("KL to reference", ("policy/kl",), False),
+        Panel("entropy", ("policy/entropy",), False),
+    ]  # policy/clip_frac is NaN at every step: no panel
+
+
+def test_plot_panels_keep_rates_together_without_counts() -> None:
+    rows = [{"step": s, "eval/accuracy": s / 4, "eval/format": 1.0} for s in (1, 2, 3)]
+    assert plot_panels(rows) == [
+        Panel("held-out evaluation", ("eval/accuracy", "eval/format"), False)
+    ]
+    assert plot_panels([{"step": 1, "loss/total": 0.3}]) == []
+
+
+def test_band_limits_clip_the_std_band_to_the_reward_range() -> None:
+    assert band_limits([np.array([0.2, 0.9]), np.array([1.0])]) == (0.0, 1.0)  # fractions
+    assert band_limits([np.array([0.0, 3.5])]) == (0.0, math.inf)  # non-negative counts
+    assert band_limits([np.array([-1.0, 1.0])]) == (-math.inf, math.inf)  # signed rewards
+    assert band_limits([]) == (-math.inf, math.inf)
 
 
 @pytest.mark.parametrize(

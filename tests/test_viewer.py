@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from looprl.viewer import main_args, start_server
+from looprl.viewer.insights import FINAL_QUIET_S, IDLE_S, run_status
 from looprl.viewer.jsonl import EpisodeFile, Interner, MetricsFile, episode_summary
 from looprl.viewer.server import host_allowed
 from looprl.viewer.synthetic import build_tokenizer, hf_encoder, write_hostile_run, write_run
@@ -76,6 +77,36 @@ def test_runs_metrics_and_config(viewer_server, run):
     assert "eval/pass@1" in m["rows"][3] and "eval/pass@1" not in m["rows"][0]
     assert get(url, "api/metrics?run=runA&since=6")["rows"][0]["step"] == 7
     assert get(url, "api/config?run=runA")["config"]["config"]["trainer"]["steps"] == 8
+
+
+def test_run_status_says_live_only_while_the_run_is_written(tmp_path):
+    """summary.json's status wins; final/ and a quiet metrics.jsonl mean finished; a long quiet
+    without either is idle; otherwise the run is live."""
+    run = write_run(tmp_path / "r", steps=2, tasks=2, group=2, eval_every=2)
+    written = (run / "metrics.jsonl").stat().st_mtime
+    assert run_status(run, now=written + 1)["status"] == "live"
+    assert run_status(run, now=written + IDLE_S + 1)["status"] == "idle"
+    (run / "final").mkdir()
+    assert run_status(run, now=written + 1)["status"] == "live"  # metrics may still grow
+    assert run_status(run, now=written + FINAL_QUIET_S + 1)["status"] == "finished"
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "error": "CUDA OOM"}))
+    assert run_status(run, now=written + 1) == {"status": "failed", "why": "summary.json: CUDA OOM"}
+
+
+def test_api_runs_reports_each_runs_status(viewer_server, tmp_path):
+    root = tmp_path / "runs"
+    write_run(root / "going", steps=2, tasks=2, group=2, eval_every=2)
+    stopped = write_run(root / "stopped", steps=2, tasks=2, group=2, eval_every=2)
+    (stopped / "summary.json").write_text(json.dumps({"status": "stopped early", "error": None}))
+    ev = root / "ev"
+    ev.mkdir()
+    (ev / "results.jsonl").write_text("")
+    (ev / "metadata.json").write_text(json.dumps({"status": "interrupted"}))
+    runs = {r["id"]: r for r in get(viewer_server(root), "api/runs")["runs"]}
+    assert {k: r["status"] for k, r in runs.items()} == {
+        "ev": "interrupted", "going": "live", "stopped": "stopped early",
+    }  # fmt: skip
+    assert runs["stopped"]["why"] == "summary.json"
 
 
 def test_rollout_filters_and_paging(viewer_server, run):
@@ -271,10 +302,13 @@ def test_a_run_written_before_the_metric_namespaces_opens_with_the_new_names(
     assert rows == get(url, "api/metrics?run=new&since=0")["rows"]
     assert {"policy/kl", "loss/total", "rollout/tool_calls", "rollout/errors"} <= set(rows[0])
     assert not {"kl", "loss", "tool_calls"} & set(rows[0])
-    from looprl.trainer.plots import plot_run
+    from looprl.trainer.logger import read_metrics
+    from looprl.trainer.plots import plot_panels, plot_run
 
+    panels = [plot_panels(read_metrics(d / "metrics.jsonl")) for d in (old, new)]
+    assert panels[0] == panels[1] and "KL to reference" in [p.title for p in panels[0]]
     height = [int.from_bytes(plot_run(d).read_bytes()[20:24], "big") for d in (old, new)]
-    assert height == [1045, 1045]  # PNG IHDR height: both have the KL/entropy/clip panel
+    assert height[0] == height[1]  # PNG IHDR height: the same panels, so the same layout
 
 
 def test_errors_name_the_problem(viewer_server, run, tmp_path):

@@ -399,3 +399,115 @@ def check_probe(page, shots: Path) -> None:
     page.wait_for_selector("#p-episode .ep-head")
     assert "[many_candidates]" in page.inner_text("#p-episode")
     page.screenshot(path=str(shots / "probe.png"), full_page=True)
+
+
+def write_weight1_run(path: Path) -> Path:
+    """A finished run whose only reward function equals `reward/mean` (weight 1), whose first
+    step-10 episode carries five flags, and whose summary.json says it finished."""
+    run = write_run(path, steps=10, tasks=4, group=4, eval_every=5)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["reward/correct"] = r["reward/mean"]
+        r.pop("reward/format")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = run / "rollouts" / "step_000010.jsonl"
+    lines = f.read_text().splitlines()
+    ep = json.loads(lines[0])
+    ep["errors"] = [{"kind": k, "message": "x"} for k in ("scoring", "timeout", "environment")]
+    ep["tool_errors"], ep["truncated"] = {"malformed_json": 1}, True
+    f.write_text("\n".join([json.dumps(ep), *lines[1:]]) + "\n")
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "error": None}))
+    return run
+
+
+def test_issue28_fixes_in_chromium(tmp_path: Path, shots: Path):
+    """Run status and config panel, the std band clipped to [0, 1], a weight-1 reward function
+    visible over the mean, end points and before/after diamonds inside the frame, the flags
+    column inside the list, and an episode pane that empties when a filter hides its episode."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    demo = write_demo(tmp_path / "demo")
+    grpo_metrics = demo / "grpo" / "metrics.jsonl"
+    os.utime(grpo_metrics, (1e9, 1e9))  # final/ exported long ago: finished
+    run = write_weight1_run(tmp_path / "w" / "weight1")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["reward/mean"] - r["reward/std"] < 0 for r in rows)  # the band needs clipping
+    srv, url = start_server([demo, run])
+    errors: list[str] = []
+    try:
+        with sync_api.sync_playwright() as p:
+            browser, page = open_page(p, url, errors)
+            check_status_and_config(page)
+            check_reward_band_and_copy(page, shots)
+            check_points_inside_frame(page)
+            check_flags_and_stale_pane(page, shots)
+            browser.close()
+    finally:
+        srv.close()
+    assert not errors, errors
+    for name in ("status-config", "weight1-reward", "flags", "pane-cleared"):
+        check_png(shots / f"{name}.png")
+
+
+def check_status_and_config(page) -> None:
+    page.wait_for_function("document.querySelector('#live').textContent === 'finished'")
+    assert page.inner_text("#run-toggles label[data-run=weight1] .run-status") == "finished"
+    page.wait_for_selector("#configs details[data-run=weight1]")
+    assert page.get_attribute("#configs details[data-run=weight1]", "open") is None  # folded
+    page.click("#configs details[data-run=weight1] > summary")
+    assert '"steps": 10' in page.inner_text("#configs details[data-run=weight1] pre")
+
+
+def check_reward_band_and_copy(page, shots: Path) -> None:
+    page.uncheck("#run-toggles input[data-run=grpo]")
+    page.wait_for_function("LV.app.state.charts.reward.series.length === 2")
+    series = page.evaluate(
+        "LV.app.state.charts.reward.series.map(s => [s.label, s.dash, s.band.map(b => [b[1], b[2]])])"
+    )
+    labels = [s[0] for s in series]
+    assert labels == ["reward/mean ± std", "reward/correct (= reward/mean)"]  # the copy on top
+    assert series[1][1] != []  # dashed
+    assert all(0 <= lo <= hi <= 1 for lo, hi in series[0][2]) and series[0][2]
+    assert colour_count(page, "reward", "#2f6fde") > 100  # the copy's colour shows over the mean
+    page.locator(".chart[data-title=reward]").screenshot(path=str(shots / "weight1-reward.png"))
+    page.screenshot(path=str(shots / "status-config.png"))
+    page.check("#run-toggles input[data-run=grpo]")
+
+
+def check_points_inside_frame(page) -> None:
+    """Every point (the diamonds of the before/after evals included) is at least a diamond's
+    half width inside the plot frame."""
+    page.wait_for_function(
+        "LV.app.state.charts.eval.series.some(s => s.marker) && LV.app.state.charts.eval.f"
+    )
+    outside = page.evaluate(
+        """['eval', 'reward'].flatMap(t => {
+          const c = LV.app.state.charts[t], f = c.f, M = LV.charts.M, e = 6;
+          return c.visible().flatMap(s => s.points.filter(([x, y]) =>
+            f.xp(x) < M.left + e || f.xp(x) > M.left + f.pw - e ||
+            f.yp(y) < M.top + e || f.yp(y) > M.top + f.ph - e).map(p => [t, s.label, p]));
+        })"""
+    )
+    assert outside == []
+
+
+def check_flags_and_stale_pane(page, shots: Path) -> None:
+    page.click("#tabs button[data-tab=rollouts]")
+    page.select_option("#f-run", "weight1")
+    page.wait_for_selector("#rollouts tbody tr td.flags .pill")
+    page.wait_for_function("LV.rollouts.state.items.length === 16")
+    flags = page.locator("#rollouts tbody tr:first-child td.flags")
+    assert flags.locator(".pill").count() == 5
+    cell, pane = flags.bounding_box(), page.locator("#tab-rollouts .list-pane").bounding_box()
+    assert cell["x"] + cell["width"] <= pane["x"] + pane["width"]  # not cut by the pane's edge
+    assert page.evaluate(
+        "(() => { const c = document.querySelector('#rollouts tbody tr td.flags');"
+        " return c.scrollWidth <= c.clientWidth; })()"
+    )
+    page.click("#rollouts tbody tr:first-child")
+    page.wait_for_selector("#episode .ep-head")
+    page.screenshot(path=str(shots / "flags.png"))
+    page.select_option("#f-errors", "clean")  # hides the selected episode (it has errors)
+    page.wait_for_selector("#episode .no-episode")
+    assert page.locator("#episode .ep-head").count() == 0
+    assert page.evaluate("LV.rollouts.state.selected") is None
+    page.screenshot(path=str(shots / "pane-cleared.png"))

@@ -1,5 +1,11 @@
 """PNG plots of a run's curves (reward, eval, KL/entropy/clipping) and generic comparison plots.
 
+`plot_run` follows the chart rules of `looprl view` (looprl/viewer/static/app.js): one panel per
+namespace group; within a group, rates and fractions (every value in [0, 1]) share a panel with a
+[0, 1] axis and each count (turns, tokens) gets its own panel, so no count flattens the rates;
+the `reward/std` band is clipped to the range the rewards live in; a reward function equal to
+`reward/mean` at every step (one function of weight 1) is drawn dashed over it, not hidden under it.
+
 Figures are drawn with matplotlib's Agg canvas directly (no pyplot, no display, no global
 state), and written to a temporary file that is renamed into place, so a viewer or a user
 opening the PNG mid-training never sees a half-written image.
@@ -11,7 +17,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -28,35 +34,72 @@ DIAGNOSTICS = (
     ("policy/clip_frac", "clip fraction"),
 )
 MAX_SMOOTH_WINDOW = 25
+COUNT_ABOVE = 1.5  # a series reaching |value| > 1.5 is a count (turns, tokens), as in the viewer
+COLUMNS = 3  # panels per row below the reward panel
+
+
+class Panel(NamedTuple):
+    """One axis of `curves.png`: its title, the metric keys drawn on it, and whether they are all
+    rates (values in [0, 1], drawn on a [0, 1] axis)."""
+
+    title: str
+    keys: tuple[str, ...]
+    unit: bool
 
 
 def plot_run(run_dir: str | Path) -> Path:
     """Draw `run_dir/metrics.jsonl` into `run_dir/plots/curves.png` and return its path.
 
-    Panel 1: `reward/mean` (raw, smoothed, ± `reward/std` band) and each `reward/<fn>`.
-    Panel 2: every `eval/*` series against step (values outside [0, 1] on a right-hand axis).
-    Panel 3: `policy/kl`, `policy/entropy`, `policy/clip_frac`, one small axis each, when logged.
+    The top panel is the training reward: `reward/mean` (raw, smoothed, ± `reward/std` band) and
+    each `reward/<fn>`. Below it, `plot_panels` decides the rest: the `eval/*` rates together and
+    each `eval/*` count alone, then `policy/kl`, `policy/entropy`, `policy/clip_frac` one each.
     Missing keys, a single row and null/NaN values are all fine; an empty file gives a PNG
     that says so. A run written before the metric namespaces is read with its names renamed.
     """
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / METRICS_FILE)
-    diagnostics = [(k, t) for k, t in DIAGNOSTICS if len(series(rows, k)[0])]
-    fig = Figure(figsize=(11, 9.5 if diagnostics else 7), layout="constrained")
+    rest = plot_panels(rows)
+    below = max(1, math.ceil(len(rest) / COLUMNS))
+    fig = Figure(figsize=(11, 3.6 + 2.8 * below), layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(3 if diagnostics else 2, 1)
+    grid = fig.add_gridspec(1 + below, COLUMNS, height_ratios=[3.6] + [2.8] * below)
     fig.suptitle(f"{run_dir.resolve().name}: {len(rows)} logged steps")
-    _reward_panel(fig.add_subplot(grid[0]), rows)
-    _eval_panel(fig.add_subplot(grid[1]), rows)
-    if diagnostics:
-        cells = grid[2].subgridspec(1, len(diagnostics))
-        for i, (key, title) in enumerate(diagnostics):
-            ax = fig.add_subplot(cells[0, i])
-            _line(ax, *series(rows, key), label=key, smoothed=True)
-            _finish(ax, title, legend=False)
+    _reward_panel(fig.add_subplot(grid[0, :]), rows)
+    if not rest:
+        ax = fig.add_subplot(grid[1, :])
+        _empty(ax, "no eval/* metrics logged yet")
+        _finish(ax, "held-out evaluation", legend=False)
+    for i, panel in enumerate(rest):
+        _panel(fig.add_subplot(grid[1 + i // COLUMNS, i % COLUMNS]), rows, panel)
     out = run_dir / PLOTS_DIR / CURVES_FILE
     _save(fig, out)
     return out
+
+
+def plot_panels(rows: Sequence[Mapping[str, Any]]) -> list[Panel]:
+    """The panels below the reward panel: `eval/*` split into rates and counts, then the logged
+    policy diagnostics (each on its own axis, as the viewer draws the `policy/` namespace)."""
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
+    values = {k: series(rows, k)[1] for k in keys}
+    keys = [k for k in keys if len(values[k])]
+    counts = [k for k in keys if np.max(np.abs(values[k])) > COUNT_ABOVE]
+    rates = [k for k in keys if k not in counts]
+    out = []
+    if rates:  # beside counts, rates keep the whole [0, 1] in view (the viewer's "unit" charts)
+        unit = bool(counts) and all(np.all((values[k] >= 0) & (values[k] <= 1)) for k in rates)
+        out.append(Panel("held-out evaluation", tuple(rates), unit))
+    out += [Panel(k, (k,), False) for k in counts]
+    out += [Panel(t, (k,), False) for k, t in DIAGNOSTICS if len(series(rows, k)[0])]
+    return out
+
+
+def band_limits(values: Sequence[np.ndarray]) -> tuple[float, float]:
+    """Where a mean ± std band may reach, given the values drawn with it: [0, 1] when they all lie
+    in [0, 1] (rewards, accuracies), [0, inf) when they are all >= 0, else unclipped."""
+    flat = np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.zeros(0)
+    if not len(flat) or np.min(flat) < 0:
+        return -math.inf, math.inf
+    return 0.0, 1.0 if np.max(flat) <= 1 else math.inf
 
 
 def plot_comparison(
@@ -119,44 +162,40 @@ def smooth(values: np.ndarray, window: int | None = None) -> np.ndarray:
 
 def _reward_panel(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
     xs, ys = series(rows, "reward/mean")
-    if len(xs):
-        sx, sd = series(rows, "reward/std")
-        if len(sx) == len(xs) and np.array_equal(sx, xs):
-            ax.fill_between(xs, ys - sd, ys + sd, color="C0", alpha=0.12, lw=0, label="± std")
-        _line(ax, xs, ys, label="reward/mean", smoothed=True, color="C0")
     fns = sorted(
         {k for r in rows for k in r if k.startswith("reward/")} - {"reward/mean", "reward/std"}
     )
+    fn_series = {k: series(rows, k) for k in fns}
+    if len(xs):
+        sx, sd = series(rows, "reward/std")
+        if len(sx) == len(xs) and np.array_equal(sx, xs):
+            lo, hi = band_limits([ys, *(v[1] for v in fn_series.values())])
+            band = (np.maximum(ys - sd, lo), np.minimum(ys + sd, hi))
+            ax.fill_between(xs, *band, color="C0", alpha=0.12, lw=0, label="± std")
+        _line(ax, xs, ys, label="reward/mean", smoothed=True, color="C0")
     for i, key in enumerate(fns):
-        _line(ax, *series(rows, key), label=key, color=f"C{i + 1}", lw=1.0, alpha=0.8)
+        fx, fy = fn_series[key]
+        if len(fx) and np.array_equal(fx, xs) and np.allclose(fy, ys, rtol=0, atol=1e-9):
+            ax.plot(fx, fy, "--", lw=1.8, color=f"C{i + 1}", label=f"{key} (= reward/mean)")
+            continue
+        _line(ax, fx, fy, label=key, color=f"C{i + 1}", lw=1.0, alpha=0.8)
     if not len(xs) and not fns:
         _empty(ax, "no reward/* metrics logged yet")
     ax.set_ylabel("reward")
     _finish(ax, "training reward", legend=bool(len(xs) or fns))
 
 
-def _eval_panel(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
-    keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
-    data = {k: series(rows, k) for k in keys}
-    data = {k: v for k, v in data.items() if len(v[0])}
-    if not data:
-        _empty(ax, "no eval/* metrics logged yet")
-        _finish(ax, "held-out evaluation", legend=False)
-        return
-    unit = {k for k, (_, y) in data.items() if np.all((y >= 0) & (y <= 1))}
-    right = ax.twinx() if len(unit) < len(data) and unit else None
-    for i, (key, (x, y)) in enumerate(data.items()):
-        target = right if right is not None and key not in unit else ax
-        style = "--" if target is right else "-"
-        target.plot(x, y, style, marker="o", ms=4, lw=1.5, color=f"C{i}", label=key)
-    handles, labels = ax.get_legend_handles_labels()
-    if right is not None:
-        more = right.get_legend_handles_labels()
-        handles, labels = handles + more[0], labels + more[1]
-        right.set_ylabel("other eval metrics (dashed)")
-    ax.set_ylabel("fraction" if unit else "value")
-    _finish(ax, "held-out evaluation", legend=False)
-    ax.legend(handles, labels, fontsize=8, loc="best")
+def _panel(ax: Axes, rows: Sequence[Mapping[str, Any]], panel: Panel) -> None:
+    """One panel of `plot_panels`: eval series with markers, a diagnostic smoothed."""
+    for i, key in enumerate(panel.keys):
+        if key.startswith("eval/"):
+            ax.plot(*series(rows, key), marker="o", ms=4, lw=1.5, color=f"C{i}", label=key)
+        else:
+            _line(ax, *series(rows, key), label=key, smoothed=True, color=f"C{i}")
+    if panel.unit:
+        ax.set_ylim(-0.05, 1.05)
+    ax.margins(x=0.04)
+    _finish(ax, panel.title, legend=len(panel.keys) > 1)
 
 
 def _line(

@@ -8,20 +8,26 @@ Nothing here is stored by the trainer, so each is recomputed the way the trainer
   with errors as `looprl.trainer.batch.samples_from_groups` does.
 - `monitor_trips`: `monitor/<name>` metrics (1.0 at a step where that monitor tripped).
 - `eval_grid`: held-out tasks x eval steps (`eval/step_N/results.jsonl`), mean reward per cell.
+- `run_status`: whether a training run is still being written (`live`) or how it ended.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from looprl.trainer.run_summary import SUMMARY_FILE
 from looprl.viewer.jsonl import FLAG_ERROR, FLAG_MALFORMED, FLAG_TRUNCATED, EpisodeFile
+from looprl.viewer.schema import read_json
 from looprl.viewer.tokens import local_dir
 
 MONITOR_PREFIX = "monitor/"
+FINAL_QUIET_S = 30.0  # final/ exported and metrics.jsonl unchanged this long: the run finished
+IDLE_S = 900.0  # metrics.jsonl unchanged this long and no summary.json: no longer being written
 
 
 def _table(doc: Any, key: str) -> dict[str, Any]:
@@ -219,3 +225,31 @@ def eval_anchor(train_path: Path, config: Any, eval_path: Path, meta: Any) -> di
         k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
     }
     return {"label": label, "step": step, "metrics": clean}
+
+
+def run_status(path: Path, now: float | None = None) -> dict[str, str]:
+    """{"status", "why"} of the training run in `path`.
+
+    `status` is the one `RUN/summary.json` names (`finished`, `stopped early`, `interrupted`,
+    `failed`) once the trainer wrote it; `finished` when the model was exported (`final/`) and
+    `metrics.jsonl` stopped growing (runs from before summary.json); `idle` when `metrics.jsonl`
+    has not changed for `IDLE_S` seconds; otherwise `live` (still being written).
+    """
+    now = time.time() if now is None else now
+    summary = read_json(path / SUMMARY_FILE)
+    if isinstance(summary, dict) and isinstance(summary.get("status"), str):
+        error = summary.get("error")
+        return {
+            "status": summary["status"],
+            "why": f"{SUMMARY_FILE}" + (f": {error}" if error else ""),
+        }
+    metrics = path / "metrics.jsonl"
+    quiet = now - metrics.stat().st_mtime if metrics.exists() else math.inf
+    if (path / "final").is_dir() and quiet >= FINAL_QUIET_S:
+        return {"status": "finished", "why": "final/ exported and metrics.jsonl no longer grows"}
+    if quiet >= IDLE_S:
+        return {
+            "status": "idle",
+            "why": f"no summary.json; metrics.jsonl unchanged for {quiet / 60:.0f} min",
+        }
+    return {"status": "live", "why": "metrics.jsonl is being written"}

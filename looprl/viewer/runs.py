@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from looprl.viewer.insights import eval_anchor, eval_grid, group_advantage, monitor_trips
+from looprl.viewer.insights import (
+    eval_anchor,
+    eval_grid,
+    group_advantage,
+    monitor_trips,
+    run_status,
+)
 from looprl.viewer.jsonl import (
     FLAG_ERROR,
     FLAG_MALFORMED,
@@ -165,6 +171,7 @@ class Run:
             "summary": meta.get("summary") if isinstance(meta, dict) else None,
             "monitors": monitors,
             "anchors": [],  # filled in by `Catalog.anchors`
+            **(run_status(self.path) if self.kind == "train" else saved_status(meta)),
         }
 
     def config(self) -> dict[str, Any]:
@@ -301,6 +308,14 @@ class Run:
         _, step, f = entry
         f.refresh(budget_s=0.2)
         return step, f.read(i)
+
+
+def saved_status(meta: Any) -> dict[str, str]:
+    """{"status", "why"} of an eval or probe directory: its `metadata.json` status, else finished."""
+    status = meta.get("status") if isinstance(meta, dict) else None
+    if isinstance(status, str):
+        return {"status": status, "why": "metadata.json"}
+    return {"status": "finished", "why": "results written"}
 
 
 def episode_brief(ep: dict[str, Any]) -> dict[str, Any]:

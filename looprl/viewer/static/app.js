@@ -5,7 +5,7 @@ window.LV = window.LV || {};
 LV.app = (() => {
   const $ = (id) => document.getElementById(id);
   const POLL_MS = 2000;
-  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, sections: {}, dirty: true, polling: false };
+  const st = { runs: [], metrics: {}, shown: new Set(), charts: {}, sections: {}, configs: {}, dirty: true, polling: false };
 
   function showTab(name) {
     for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === name);
@@ -24,8 +24,9 @@ LV.app = (() => {
       const { runs } = await LV.api("runs");
       onRuns(runs);
       for (const r of runs) if (st.shown.has(r.id)) await pullMetrics(r.id);
+      await pullConfigs(runs);
       $("live").classList.remove("stale");
-      $("live").title = `updated ${new Date().toLocaleTimeString()}`;
+      $("live").title = `${$("live").dataset.why}\nupdated ${new Date().toLocaleTimeString()}`;
     } catch (err) {
       $("live").classList.add("stale");
       $("live").title = `cannot reach the viewer server: ${err.message}`;
@@ -50,6 +51,7 @@ LV.app = (() => {
     const sig = JSON.stringify(runs.map((r) => [r.monitors, r.anchors, r.files.map((f) => f.key)]));
     if (sig !== st.sig) { st.sig = sig; st.dirty = true; }
     renderNotices(runs);
+    renderStatus(runs);
     renderSummaries(runs);
     LV.rollouts.onRuns(runs);
     LV.compare.onRuns(runs);
@@ -66,8 +68,40 @@ LV.app = (() => {
       } });
       box.append(LV.el("label", { title: r.path, "data-run": r.id }, cb,
         LV.el("i", { class: "swatch", style: `background:${LV.charts.PALETTE[i % LV.charts.PALETTE.length]}` }),
-        ` ${r.name}${r.kind === "train" ? "" : ` (${r.kind})`}`, LV.el("span", { class: "badges" }, badges(r))));
+        ` ${r.name}${r.kind === "train" ? "" : ` (${r.kind})`}`, LV.el("span", { class: "run-status" }), LV.el("span", { class: "badges" }, badges(r))));
     });
+  }
+
+  // The header says "live" while a training run is being written, else how the run (or runs)
+  // ended: the status of RUN/summary.json, or "finished" once final/ is exported (runs/insights.py).
+  function renderStatus(runs) {
+    const train = runs.filter((r) => r.kind === "train"), live = train.some((r) => r.status === "live");
+    const ends = new Set(train.map((r) => r.status)); // one status shared by every run, or "ended"
+    const text = live ? "live" : ends.size === 1 ? [...ends][0] : train.length ? "ended" : "finished";
+    $("live").textContent = text;
+    $("live").classList.toggle("ended", !live);
+    $("live").classList.toggle("bad", ["failed", "interrupted", "crashed"].includes(text));
+    $("live").dataset.why = runs.map((r) => `${r.name}: ${r.status} (${r.why})`).join("\n");
+    for (const lab of document.querySelectorAll("#run-toggles label")) {
+      const r = runs.find((x) => x.id === lab.dataset.run), pill = lab.querySelector(".run-status");
+      if (!r || !pill || r.kind !== "train") continue;
+      pill.className = `run-status pill ${r.status === "live" ? "good" : r.status === "finished" ? "info" : "warn"}`;
+      pill.textContent = r.status;
+      pill.title = r.why;
+    }
+  }
+
+  // Each training run's saved config.json (the resolved config), folded in a <details> panel.
+  async function pullConfigs(runs) {
+    for (const r of runs) {
+      if (r.kind !== "train" || st.configs[r.id]) continue;
+      const { config } = await LV.api("config", { run: r.id });
+      if (!config) continue; // not written yet: asked again at the next poll
+      st.configs[r.id] = LV.el("details", { class: "config-panel", "data-run": r.id },
+        LV.el("summary", {}, `config · ${r.name}`, LV.el("span", { class: "muted" }, `  ${r.path}/config.json`)),
+        LV.el("pre", {}, JSON.stringify(config, null, 2)));
+      $("configs").append(st.configs[r.id]);
+    }
   }
 
   function renderNotices(runs) {
@@ -149,7 +183,7 @@ LV.app = (() => {
   function seriesFor(groupKeys, runs, xaxis) {
     const multi = runs.filter((r) => r.kind === "train").length > 1, out = [];
     runs.forEach((r) => {
-      const rows = (st.metrics[r.id] || { rows: [] }).rows, ri = st.runs.indexOf(r);
+      const rows = (st.metrics[r.id] || { rows: [] }).rows, ri = st.runs.indexOf(r), [lo, hi] = bandLimits(groupKeys, rows);
       groupKeys.forEach((k, ki) => {
         if (k.endsWith("/std") && groupKeys.includes(k.slice(0, -4) + "/mean")) return;
         const points = [], band = [], std = k.endsWith("/mean") ? k.slice(0, -5) + "/std" : null;
@@ -157,16 +191,44 @@ LV.app = (() => {
           const x = row[xaxis], y = row[k];
           if (x === undefined || y === undefined) continue;
           points.push([x, y]);
-          if (std && row[std] !== undefined) band.push([x, y - row[std], y + row[std]]);
+          if (std && row[std] !== undefined) band.push([x, Math.max(lo, y - row[std]), Math.min(hi, y + row[std])]);
         }
         if (!points.length) return; // this run does not log this metric
-        const P = LV.charts.PALETTE, D = LV.charts.DASHES;
-        out.push({ name: `${r.id}::${k}`, label: multi ? `${r.name} · ${k}` : k + (band.length ? " ± std" : ""),
-          color: multi ? P[ri % P.length] : P[ki % P.length], dash: multi ? D[ki % D.length] : [], points, band });
+        const P = LV.charts.PALETTE, D = LV.charts.DASHES, same = sameAsMean(k, groupKeys, rows);
+        const label = (multi ? `${r.name} · ${k}` : k + (band.length ? " ± std" : "")) + (same ? ` (= ${same})` : "");
+        out.push({ name: `${r.id}::${k}`, label, color: multi ? P[ri % P.length] : P[ki % P.length],
+          dash: same ? [7, 5] : multi ? D[ki % D.length] : [], width: same ? 2.6 : undefined, same: Boolean(same), points, band });
       });
       if (xaxis === "step") out.push(...anchorSeries(r, groupKeys, rows));
     });
-    return out;
+    return out.filter((s) => !s.same).concat(out.filter((s) => s.same)); // a copy of the mean is drawn over it
+  }
+
+  // Where a mean ± std band may reach: values that all lie in [0, 1] (rewards, accuracies) keep
+  // it in [0, 1]; values that are all >= 0 keep it >= 0; otherwise it is not clipped.
+  function bandLimits(keys, rows) {
+    let min = Infinity, max = -Infinity;
+    for (const row of rows) for (const k of keys) {
+      const v = row[k];
+      if (typeof v === "number" && !k.endsWith("/std")) { if (v < min) min = v; if (v > max) max = v; }
+    }
+    if (!(min >= 0)) return [-Infinity, Infinity];
+    return [0, max <= 1 ? 1 : Infinity];
+  }
+
+  // A function that equals the mean at every step (a single reward function of weight 1) would
+  // hide under it: the mean's key when `k` is such a copy, else null.
+  function sameAsMean(k, keys, rows) {
+    const mean = `${namespaceOf(k)}/mean`;
+    if (!namespaceOf(k) || k === mean || k.endsWith("/std") || !keys.includes(mean)) return null;
+    let n = 0;
+    for (const row of rows) {
+      if (row[k] === undefined && row[mean] === undefined) continue;
+      if (typeof row[k] !== "number" || typeof row[mean] !== "number") return null;
+      if (Math.abs(row[k] - row[mean]) > 1e-9 * Math.max(1, Math.abs(row[mean]))) return null;
+      n += 1;
+    }
+    return n ? mean : null;
   }
 
   // Before/after evals (eval directories of the run's start model or final model) as diamonds.

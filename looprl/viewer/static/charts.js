@@ -8,6 +8,7 @@ LV.charts = (() => {
     "#c2185b", "#6d7b8d", "#7cb342", "#5c6bc0", "#8d6e63", "#00897b"];
   const DASHES = [[], [6, 3], [2, 3], [8, 3, 2, 3], [1, 2]];
   const M = { left: 56, right: 12, top: 8, bottom: 24 };
+  const EDGE_PX = 8; // a diamond marker's half width (6) and its outline
 
   function fmt(v) {
     if (v === null || v === undefined || !isFinite(v)) return "–";
@@ -162,8 +163,11 @@ LV.charts = (() => {
       if (this.el.classList.contains("unit")) { y0 = Math.min(y0, 0); y1 = Math.max(y1, 1); } // rates: the whole [0, 1]
       if (x0 === x1) { x0 -= 1; x1 += 1; }
       if (y0 === y1) { const d = Math.abs(y0) * 0.1 || 1; y0 -= d; y1 += d; }
-      const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
       const pw = w - M.left - M.right, ph = h - M.top - M.bottom;
+      // room for the end points' dots and the before/after diamonds (EDGE_PX from each edge)
+      const xpad = ((x1 - x0) * EDGE_PX) / Math.max(1, pw - 2 * EDGE_PX);
+      const ypad = Math.max((y1 - y0) * 0.05, ((y1 - y0) * EDGE_PX) / Math.max(1, ph - 2 * EDGE_PX));
+      x0 -= xpad; x1 += xpad; y0 -= ypad; y1 += ypad;
       return { w, h, x0, x1, y0, y1, pw, ph,
         xp: (x) => M.left + ((x - x0) / (x1 - x0)) * pw,
         yp: (y) => M.top + (1 - (y - y0) / (y1 - y0)) * ph,
@@ -261,7 +265,7 @@ LV.charts = (() => {
 
     line(ctx, f, s, points, alpha) {
       const pts = decimate(points, f.xp, f.pw);
-      ctx.strokeStyle = s.color; ctx.globalAlpha = alpha; ctx.lineWidth = 1.6;
+      ctx.strokeStyle = s.color; ctx.globalAlpha = alpha; ctx.lineWidth = s.width || 1.6;
       ctx.setLineDash(s.dash || []);
       ctx.beginPath();
       pts.forEach(([x, y], i) => (i ? ctx.lineTo(f.xp(x), f.yp(y)) : ctx.moveTo(f.xp(x), f.yp(y))));
@@ -311,5 +315,5 @@ LV.charts = (() => {
     }
   }
 
-  return { LineChart, PALETTE, DASHES, fmt, fmtTick, fmtDuration, ema, ticks };
+  return { LineChart, PALETTE, DASHES, M, EDGE_PX, fmt, fmtTick, fmtDuration, ema, ticks };
 })();

@@ -102,6 +102,15 @@ LV.rollouts = (() => {
       if (st.selected && st.selected.file === it.file && st.selected.i === it.i) tr.classList.add("selected");
       body.append(tr);
     }
+    if (res.complete && st.selected && !res.items.some((it) => it.file === st.selected.file && it.i === st.selected.i)) unselect();
+  }
+
+  // The selected episode left the list (a filter or another page hides it): the pane says so
+  // instead of still showing an episode that the list no longer holds.
+  function unselect() {
+    st.selected = null;
+    $("episode").replaceChildren(el("p", { class: "empty no-episode" },
+      "No episode selected: the one shown before is not in this list (filters or page). Select an episode."));
   }
 
   // Shared by the rollouts and probe lists: reward colour range, preview, reward and flag cells.
@@ -121,7 +130,7 @@ LV.rollouts = (() => {
   }
 
   function flagsCell(it) {
-    return el("td", {}, [...(it.errors || []).map((k) => el("span", { class: "pill bad" }, k)),
+    return el("td", { class: "flags" }, [...(it.errors || []).map((k) => el("span", { class: "pill bad" }, k)),
       Object.values(it.tool_errors || {}).some((n) => n) ? el("span", { class: "pill warn" }, "tool err") : null,
       it.truncated ? el("span", { class: "pill warn" }, "trunc") : null]);
   }
