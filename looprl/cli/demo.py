@@ -21,8 +21,8 @@ from rich.table import Table
 
 from looprl.console import console
 from looprl.envs.calculator import SYSTEM_PROMPT, generate_tasks, load_environment, safe_eval
-from looprl.eval.summary import Summary
 from looprl.eval.run import EvalConfig, EvalJob, EvalOutcome, eval_job, run_eval
+from looprl.eval.summary import Summary
 from looprl.types import Message, ToolCall
 
 
