@@ -193,17 +193,6 @@ class FakeOpenAIServer:
     ) -> None:
         self.stop()
 
-    async def __aenter__(self) -> FakeOpenAIServer:
-        return self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def _run(self, ready: threading.Event) -> None:
         """Thread body: bind the listener, signal readiness, serve until stopped."""
         loop = self._loop

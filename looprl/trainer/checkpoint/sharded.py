@@ -119,8 +119,8 @@ def save_sharded(
     return _on_main(d, seal, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True))
 
 
-def resume_sharded(
-    d: D.Dist,
+def resume_any(
+    d: D.Dist | None,
     run_dir: str | Path,
     *,
     modules: Mapping[str, torch.nn.Module | None],
@@ -128,13 +128,18 @@ def resume_sharded(
     scheduler: Any,
     warn: Warn,
 ) -> Resumed | None:
-    """Load the newest intact sharded checkpoint of `run_dir` on every rank; None when it has none.
+    """Load the newest intact checkpoint of `run_dir`; None when it has none.
 
-    Rank 0 verifies (manifest, sizes, hashes, world size) newest first, moves damaged newer ones
+    With one process (`d` None) this is `resume_latest`. Under torchrun rank 0 verifies (manifest, sizes, hashes, world size) newest first, moves damaged newer ones
     aside and `warn`s about each, as `resume_latest` does; then every rank loads its shards,
     the scheduler and its own RNG states. Raises `NoIntactCheckpoint` when none is intact and
     `WorldSizeMismatch` when the checkpoint was written by another number of processes.
     """
+    if d is None:
+        return resume_latest(
+            run_dir, model=modules["policy"], optimizer=optimizer,  # type: ignore[arg-type]
+            scheduler=scheduler, value_head=modules.get("value_head"), warn=warn,
+        )  # fmt: skip
     found = _on_main(d, lambda: find_intact(run_dir, d.world, warn))
     if found is None:
         return None
@@ -152,26 +157,6 @@ def resume_sharded(
         scheduler.load_state_dict(_load(found.path / "scheduler.pt"))
     set_rng_state(_load(found.path / rng_file(d.rank)), None)
     return found
-
-
-def resume_any(
-    d: D.Dist | None,
-    run_dir: str | Path,
-    *,
-    modules: Mapping[str, torch.nn.Module | None],
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    warn: Warn,
-) -> Resumed | None:
-    """`resume_latest` with one process, `resume_sharded` under torchrun (same arguments)."""
-    if d is not None:
-        return resume_sharded(
-            d, run_dir, modules=modules, optimizer=optimizer, scheduler=scheduler, warn=warn
-        )
-    return resume_latest(
-        run_dir, model=modules["policy"], optimizer=optimizer,  # type: ignore[arg-type]
-        scheduler=scheduler, value_head=modules.get("value_head"), warn=warn,
-    )  # fmt: skip
 
 
 def check_resume_world(run_dir: str | Path, world: int) -> None:
