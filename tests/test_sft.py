@@ -110,3 +110,22 @@ def test_sft_steps_the_trainers_adamw_warm_up_then_cosine_to_zero():
     assert lrs[11] == pytest.approx(5e-4)
     assert lrs[19] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 17 / 18)))
     assert sft_optim(1e-3, steps=3, warmup_frac=0.05).warmup_steps == 1  # never zero
+
+
+def test_a_batch_too_large_for_full_logits_is_micro_batched_by_default(monkeypatch):
+    """Without --micro-batch-tokens a batch whose logits (B x T x V) pass FULL_LOGITS_MAX takes
+    the micro-batched path; a small one (the demo's) keeps the full-logits pass."""
+    from looprl.sft import train as sft
+
+    batch, model = examples(9), small_model()
+    padded_logits = len(batch) * max(len(e.token_ids) for e in batch) * model.config.vocab_size
+    assert sft.auto_micro_batch_tokens(model, batch) is None  # far below 512 MiB of logits
+    monkeypatch.setattr(sft, "FULL_LOGITS_MAX", padded_logits - 1)
+    assert sft.auto_micro_batch_tokens(model, batch) == sft.AUTO_MICRO_BATCH_TOKENS
+    taken = []
+    monkeypatch.setattr(sft, "full_logits_loss", lambda *a: taken.append("full"))
+    real_micro = sft.micro_batches
+    monkeypatch.setattr(sft, "micro_batches", lambda b, n: taken.append(n) or real_micro(b, n))
+    want = float(reference_loss(model, batch))
+    assert sft_backward(model, batch, None) == pytest.approx(want, rel=1e-5)
+    assert taken == [sft.AUTO_MICRO_BATCH_TOKENS]

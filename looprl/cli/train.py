@@ -56,7 +56,7 @@ class SFTConfig(BaseModel):
         ge=1,
         description="bound memory: padded tokens per forward pass (e.g. 2048), gradients "
         "accumulated and the vocabulary projection on trained tokens only; default: one "
-        "full-logits pass",
+        "full-logits pass, or 2048 for a batch whose logits pass 512 MiB (long conversations)",
     )
     seed: int = Field(0, description="seed of shuffling and initialisation")
     overwrite: bool = Field(

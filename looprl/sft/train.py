@@ -136,7 +136,8 @@ def sft_train(
     With `micro_batch_tokens`, each batch is cut into micro-batches of at most that many padded
     tokens (one example per micro-batch when it is longer) whose gradients are accumulated, and
     the vocabulary projection runs on trained positions only: the same loss in bounded memory.
-    Without it (the default) the batch is one full-logits pass (`full_logits_loss`).
+    Without it (the default) the batch is one full-logits pass (`full_logits_loss`) while its
+    logits stay under `FULL_LOGITS_MAX`, and micro-batched otherwise.
     """
     if micro_batch_tokens is not None and micro_batch_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be >= 1, got {micro_batch_tokens}")
@@ -173,13 +174,33 @@ def _shuffled_batches(n: int, batch_size: int, steps: int, seed: int) -> Iterato
         yield chunk
 
 
+FULL_LOGITS_MAX = 2**27
+"""Logits (batch x padded length x vocabulary) above which a batch is micro-batched by default:
+512 MiB of float32, where the full-logits pass starts to cost more time and memory than it saves."""
+
+AUTO_MICRO_BATCH_TOKENS = 2048
+"""Padded tokens per micro-batch when a batch is micro-batched by default."""
+
+
+def auto_micro_batch_tokens(model: torch.nn.Module, batch: list[SFTExample]) -> int | None:
+    """None (one full-logits pass) when the batch's full logits stay under `FULL_LOGITS_MAX`,
+    else `AUTO_MICRO_BATCH_TOKENS`: long conversations and large vocabularies take the
+    micro-batched path without being asked (short ones, as in the demo, keep the full pass)."""
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    padded = len(batch) * max(len(e.token_ids) for e in batch)
+    return AUTO_MICRO_BATCH_TOKENS if padded * vocab > FULL_LOGITS_MAX else None
+
+
 def sft_backward(model: torch.nn.Module, batch: list[SFTExample], max_tokens: int | None) -> float:
     """Backward of the mean NLL over the batch's trained tokens; returns that loss.
 
     With `max_tokens`, micro-batch by micro-batch (`looprl.trainer.batch.micro_batches`, as the
     RL update cuts its batches): the gradient is the same as one pass over the whole batch.
-    Without, one `full_logits_loss` pass.
+    Without, one `full_logits_loss` pass, unless the batch is too large for it
+    (`auto_micro_batch_tokens`).
     """
+    if max_tokens is None:
+        max_tokens = auto_micro_batch_tokens(model, batch)
     if max_tokens is None:
         full = full_logits_loss(model, batch)
         full.backward()
