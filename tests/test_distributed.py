@@ -27,11 +27,12 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 LENGTH_ENV = str(HERE / "envs" / "length_env.py")
 FAULT = str(HERE / "envs" / "dist_fault.py")
-# 2 Adam steps (lr 1e-3) over 2.47M weights on 2 CPU processes: the median difference is ~1e-10
-# and 26 weights differ by more than 1e-6, by up to 7.2e-5 on this machine (1.3e-5 on another):
-# where a gradient is near 0, Adam's g / sqrt(v) turns float32 summation-order noise into a
-# visible part of one step. The bound is a tenth of a step; the share of such weights is checked too
-WEIGHT_MAX_DIFF = 1e-4
+# 2 Adam steps (lr 1e-3) over 2.47M weights on 2 CPU processes: the median difference is ~1e-10,
+# and 26 to 127 weights (it varies from run to run on this 2-core machine) differ by more than
+# 1e-6, by up to 1.5e-4: where a gradient is near 0, Adam's g / sqrt(v) turns float32
+# summation-order noise into a visible part of one step, at most the step itself (lr). So the bound
+# on the largest difference is one step, and the share of weights above 1e-6 is held at 1e-4
+WEIGHT_MAX_DIFF = 1e-3
 # a resumed 2-process run against an uninterrupted one (DCP restores weights, AdamW moments,
 # scheduler and RNG exactly): measured, the final weights are identical and the metrics too in
 # two of three runs; in one a logged metric differed by 2.7e-8 (float32 summation-order noise)
