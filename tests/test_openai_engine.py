@@ -368,3 +368,47 @@ async def test_fake_server_serves_256_concurrent_connections() -> None:
     assert srv.request_count == 256
     assert srv.max_in_flight > 16  # requests really overlapped on the server
     assert eng.stats["retries"] == 0
+
+
+class _Vocab:
+    """A tokenizer of 100 ids that decodes ids as digits."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (FakeReply(token_ids=[5, 100], logprobs=[-0.1, -0.2]), ["outside [0, 100)", "100"]),
+        (FakeReply(token_ids=[5, -3], logprobs=[-0.1, -0.2]), ["outside [0, 100)", "-3"]),
+        (FakeReply(token_ids=[5, 6], logprobs=[-0.1, float("nan")]), ["not finite", "NaN"]),
+        (FakeReply(token_ids=[5, 6], logprobs=[-0.1, float("-inf")]), ["not finite"]),
+        (FakeReply(token_ids=[5, 6], logprobs=[-0.1, 5.0]), ["above 0", "5.0"]),
+        (FakeReply(token_ids=[5, 6, 7, 8], logprobs=[-0.1] * 4), ["4 tokens", "max_tokens was 3"]),
+    ],
+)
+async def test_a_token_level_reply_the_trainer_cannot_use_is_an_error(reply, words) -> None:
+    """Out-of-vocabulary ids, NaN/inf/positive logprobs and over-long replies never reach the
+    trainer: the request fails (an infra error for the episode) with what was wrong."""
+    with FakeOpenAIServer(script=[reply]) as srv:
+        eng = engine(srv, token_level=True, tokenizer=_Vocab())
+        gen = await eng.generate(
+            GenerationRequest(prompt_ids=[1], sampling=SamplingParams(max_tokens=3))
+        )
+        await eng.close()
+    assert gen.finish_reason == "error" and gen.token_ids in (None, [])
+    assert gen.error is not None and all(w in gen.error for w in words), gen.error
+    assert eng.stats["errors"] == 1
+
+
+async def test_a_logprob_of_zero_and_float_rounding_above_it_are_accepted() -> None:
+    reply = FakeReply(token_ids=[5, 6], logprobs=[0.0, 1e-7])
+    with FakeOpenAIServer(script=[reply]) as srv:
+        eng = engine(srv, token_level=True, tokenizer=_Vocab())
+        gen = await eng.generate(GenerationRequest(prompt_ids=[1]))
+        await eng.close()
+    assert gen.error is None and gen.token_ids == [5, 6]

@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import os
 import random
 import time
@@ -113,7 +114,11 @@ class OpenAIEngine:
             else:
                 path, payload = "/chat/completions", self._chat_payload(request)
             data = await self._post(path, payload)
-            gen = self._parse_completion(data) if self.token_level else self._parse_chat(data)
+            if self.token_level:
+                gen = self._parse_completion(data)
+                check_sampled(gen.token_ids or [], gen.logprobs or [], request, self.tokenizer)
+            else:
+                gen = self._parse_chat(data)
             gen.prompt_tokens, gen.completion_tokens = _usage(data)
         except _RequestFailed as e:
             self.stats["errors"] += 1
@@ -338,6 +343,41 @@ class _ClientPool:
 
 class _RequestFailed(Exception):
     """A request that cannot produce a Generation; its message becomes `Generation.error`."""
+
+
+LOGPROB_SLACK = 1e-4
+"""Largest positive logprob accepted from a server (float rounding of a probability of 1)."""
+
+
+def check_sampled(
+    ids: list[int], logprobs: list[float], request: GenerationRequest, tokenizer: Any
+) -> None:
+    """Refuse a token-level reply the trainer cannot use (a `_RequestFailed`: an infra error).
+
+    Ids must lie in [0, vocabulary) (the tokenizer's length: an id past it decodes to nothing
+    and indexes past the embedding in the update); logprobs must be finite and at most 0 (a NaN
+    would poison every later weight); the reply may not be longer than `max_tokens` asked.
+    """
+    vocab = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
+    bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
+    if bad:
+        where = f"[0, {vocab})" if vocab is not None else "[0, vocabulary)"
+        raise _RequestFailed(
+            f"the server sampled token ids outside {where}: {_short(bad)}; check that it serves "
+            "the model whose tokenizer the trainer uses (a padded vocabulary samples such ids)"
+        )
+    odd = [x for x in logprobs if not math.isfinite(x) or x > LOGPROB_SLACK]
+    if odd:
+        raise _RequestFailed(
+            f"the server returned logprobs that are not finite or are above 0: {_short(odd)}; "
+            "the sampler's numbers are broken (check its dtype and kernels)"
+        )
+    limit = request.sampling.max_tokens
+    if len(ids) > limit:
+        raise _RequestFailed(
+            f"the server returned {len(ids)} tokens where max_tokens was {limit}; it ignored the "
+            "limit, so the reply cannot be trusted"
+        )
 
 
 def to_openai_message(message: Message) -> dict[str, Any]:
