@@ -142,8 +142,16 @@ class Rubric:
                 _record_scoring_error(ep, spec.name, exc)
 
 
+REWARD_BOUND = 1e6
+"""The largest reward magnitude accepted. Advantages, returns and their squares (group standard
+deviations, value losses) are float32 on the trainer, whose range ends near 3.4e38: a reward of
+1e39 becomes inf there and NaN weights one step later. 1e6 keeps a square (1e12) and a sum over
+any batch far inside that range, and no sensible reward comes near it; a larger one is a bug."""
+
+
 def _as_float(value: object, name: str) -> float:
-    """Coerce a reward to float, rejecting NaN/inf and non-numbers with a clear message."""
+    """Coerce a reward to float, rejecting NaN/inf, magnitudes above `REWARD_BOUND` and
+    non-numbers with a clear message (the caller records it as a scoring error)."""
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, int | float):
@@ -153,6 +161,11 @@ def _as_float(value: object, name: str) -> float:
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"reward function {name!r} returned {out}, expected a finite float")
+    if abs(out) > REWARD_BOUND:
+        raise ValueError(
+            f"reward function {name!r} returned {out:g}, beyond the bound of {REWARD_BOUND:g} "
+            "(float32 advantages would overflow); scale the reward down"
+        )
     return out
 
 

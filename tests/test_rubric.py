@@ -79,3 +79,29 @@ def test_bad_weights_and_duplicate_names():
         Rubric([correct], weights=[1.0, 2.0])
     with pytest.raises(ValueError, match="unique"):
         Rubric([correct, correct])
+
+
+async def test_rewards_beyond_the_float32_safe_bound_are_errors():
+    # 1e39 is a finite Python float but inf in float32 advantages: it must not reach them
+    def huge(ep: EpisodeResult) -> float:
+        return 1e39
+
+    def very_negative(eps: list[EpisodeResult]) -> list[float]:
+        return [-2e6] * len(eps)
+
+    rubric = Rubric([huge], group_funcs=[very_negative])
+    ep = _ep("4", "4")
+    await rubric.score(ep)
+    assert ep.scoring_error and not ep.trainable and ep.rewards == {}
+    assert [e["function"] for e in ep.errors] == ["huge", "very_negative"]
+    assert all("beyond the bound" in e["message"] for e in ep.errors)
+
+
+async def test_a_reward_at_the_bound_is_kept():
+    def at_bound(ep: EpisodeResult) -> float:
+        return -1e6
+
+    rubric = Rubric([at_bound])
+    ep = _ep("4", "4")
+    await rubric.score(ep)
+    assert not ep.errors and ep.reward == -1e6

@@ -208,6 +208,12 @@ class TrainerSection(_Section):
         None, description="stop once early_stop_metric >= this value"
     )
     save_every: int = Field(10, ge=1, description="checkpoint every N steps")
+    max_nonfinite_steps: int = Field(
+        3,
+        ge=1,
+        description="stop the run after this many steps in a row whose every update was skipped "
+        "for a NaN or inf loss or gradient norm (one is a glitch; a few in a row is a broken run)",
+    )
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")

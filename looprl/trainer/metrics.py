@@ -65,6 +65,8 @@ METRICS: dict[str, str] = {
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate after the step",
     "train/skipped": "1 when no sample had a non-zero advantage, so no update ran",
+    "train/nonfinite_skipped": "optimizer steps skipped because the loss or gradient norm was "
+    "not finite (NaN or inf)",
     "train/tokens": "sampled tokens trained on",
     "train/forward_tokens": "tokens through forward and backward",
     "train/forward_positions": "positions through forward (prompt and tool tokens included)",
@@ -140,6 +142,7 @@ OLD_NAMES: dict[str, str] = {
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "skipped": "train/skipped",
+    "nonfinite_skipped": "train/nonfinite_skipped",
     "train_tokens": "train/tokens",
     "forward_tokens": "train/forward_tokens",
     "forward_positions": "train/forward_positions",

@@ -27,6 +27,7 @@ from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
+from looprl.trainer.nonfinite import NonFiniteGuard
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.progress import NoGradientWarning, StepPhases
 from looprl.trainer.run_config import absolute_paths
@@ -271,6 +272,7 @@ class Trainer:
         ahead = Ahead(self._collect_chained, self.step + 1)
         phases = self.phases = StepPhases(cfg.steps, out=console if self.is_main else None)
         no_gradient = NoGradientWarning(self.cfg.rollout.rollouts_per_task, self._warn)
+        nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps, self.algo.updates_per_batch)
         if cfg.eval_before and self.step == 0:
             first = await self._evaluate(0)  # the starting point of every eval curve
             self.monitors.observe(0, first)  # and of the held-out monitor
@@ -300,6 +302,7 @@ class Trainer:
             phases.end()
             self.logger.log(step, metrics)
             no_gradient.check(step, metrics)
+            nonfinite.observe(step, metrics)
             self._save_rollouts(step, batch.groups)
             last = metrics
             if step % cfg.save_every == 0 or step == cfg.steps:
@@ -437,6 +440,7 @@ class Trainer:
         from looprl.trainer.checkpoint.sharded import save_sharded
         from looprl.trainer.checkpoint.single import save_checkpoint
 
+        NonFiniteGuard.check_weights(self._modules().values(), self.dist, "the checkpoint")
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
             save_sharded(
@@ -473,6 +477,7 @@ class Trainer:
     def _export(self) -> None:
         from looprl.trainer.checkpoint.single import export_hf
 
+        NonFiniteGuard.check_weights(self._modules().values(), self.dist, "final/")
         model = self.placement.final_model(self.model)  # under FSDP a full copy: every rank
         if self.is_main:
             export_hf(model, self.tokenizer, self.run_dir / "final")

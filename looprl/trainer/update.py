@@ -3,7 +3,10 @@
 prepare (collate micro-batches; old and reference logprobs, values and GAE without gradient)
 -> epochs (`updates_per_batch`) -> micro-batches (forward, loss, backward; gradients accumulate)
 -> clip -> step. The loss is `policy_objective`; the batch normaliser makes the summed
-micro-batch losses equal the loss of the whole batch.
+micro-batch losses equal the loss of the whole batch. A step whose loss or gradient norm is not
+finite is skipped (gradients dropped, weights and optimizer state untouched) and counted as
+`nonfinite_skipped`; the scheduler still steps once per batch, so the learning rate stays a
+function of the step number and a resumed run follows the same schedule.
 """
 
 from __future__ import annotations
@@ -189,8 +192,10 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
     acc = StatsAccumulator(steps=ctx.algo.updates_per_batch)
     grad_norms: list[float] = []
+    nonfinite = 0
     for _epoch in range(ctx.algo.updates_per_batch):
         ctx.optimizer.zero_grad(set_to_none=True)
+        loss_finite = True
         for p in prepared:
             new = _score(
                 ctx.model, p.batch, ctx.temperature, with_entropy=True,
@@ -214,10 +219,16 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
             )
             if p.padding:
                 loss = loss * 0.0  # runs FSDP's collectives, adds nothing
+            loss_finite = loss_finite and bool(torch.isfinite(loss.detach()))
             loss.backward()  # gradients accumulate over the micro-batches
             if not p.padding:
                 acc.add_micro_batch({**stats, **_advantage_stats(p.batch)})
         grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)  # global under FSDP
+        # every rank skips together: the norm is global, a local loss is shared by max
+        if D.max_over_ranks(ctx.dist, int(not loss_finite)) or not torch.isfinite(grad_norm):
+            ctx.optimizer.zero_grad(set_to_none=True)
+            nonfinite += 1
+            continue
         grad_norms.append(float(grad_norm))
         ctx.optimizer.step()
     ctx.scheduler.step()
@@ -227,8 +238,9 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
         "forward_positions": float(sum(int(p.batch.attention_mask.sum()) for p in real)),
     }
     out = _over_ranks(ctx.dist, acc, forward)
-    for norm_value in grad_norms:
-        out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / ctx.algo.updates_per_batch
+    for norm_value in grad_norms:  # over the steps taken: a skipped step's norm is not finite
+        out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / len(grad_norms)
+    out["nonfinite_skipped"] = float(nonfinite)
     out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
     out["lr"] = float(ctx.scheduler.get_last_lr()[0])
     ctx.model.eval()
