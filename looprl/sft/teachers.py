@@ -44,6 +44,7 @@ from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.arithmetic import safe_eval
 from looprl.envs.base import Environment
 from looprl.envs.registry import load_environment
+from looprl.eval.run import traces_from_episodes
 from looprl.rollout.loop import run_group
 from looprl.types import EpisodeResult, Message, Task
 
@@ -322,14 +323,10 @@ async def teacher_episodes(
 def sft_rows(
     env: Environment, episodes: list[EpisodeResult], min_reward: float
 ) -> list[dict[str, Any]]:
-    """`looprl sft` rows (`{"messages", "tools"}`) of the episodes without errors scoring above `min_reward`."""
-    rows = []
-    for ep in episodes:
-        if ep.errors or ep.reward is None or ep.reward <= min_reward:
-            continue
-        sub = env.for_task(ep.task)
-        rows.append({"messages": [m.to_template() for m in ep.messages], "tools": sub.tool_schemas})
-    return rows
+    """`looprl sft` rows (`{"messages", "tools"}`) of the episodes without errors scoring above
+    `min_reward` (strictly: `traces_from_episodes` keeps those reaching it)."""
+    above = [ep for ep in episodes if ep.reward is not None and ep.reward > min_reward]
+    return traces_from_episodes(env, above, min_reward)
 
 
 def _env_kwargs(extra: list[str]) -> dict[str, Any]:
