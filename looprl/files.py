@@ -37,17 +37,27 @@ _JSON_KINDS: dict[type, str] = {
 
 
 def iter_jsonl(
-    path: str | Path, *, fix: str = "each line must be one JSON object"
+    path: str | Path,
+    *,
+    fix: str = "each line must be one JSON object",
+    max_line_bytes: int | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a JSONL file, read one line at a time.
 
     A line that is not UTF-8, not JSON or not a JSON object raises ValueError naming the file
-    and the line, followed by `fix` (what a line must hold, or what to do). Lines end at "\\n"
-    only: a JSON string may hold U+2028, where `str.splitlines` would cut it. A missing file
-    raises FileNotFoundError.
+    and the line, followed by `fix` (what a line must hold, or what to do). So does a line longer
+    than `max_line_bytes` (None: no limit), found after reading at most that many bytes of it.
+    Lines end at "\\n" only: a JSON string may hold U+2028, where `str.splitlines` would cut it.
+    A missing file raises FileNotFoundError.
     """
+    size = -1 if max_line_bytes is None else max_line_bytes + 1
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in enumerate(iter(lambda: f.readline(size), b""), 1):
+            if max_line_bytes is not None and len(raw) > max_line_bytes and raw[-1:] != b"\n":
+                raise ValueError(
+                    f"{path}:{n}: longer than {byte_size(max_line_bytes)}, the limit for one line "
+                    f"(read no further); {fix}"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -64,6 +74,54 @@ def iter_jsonl(
                 kind = _JSON_KINDS[type(row)]
                 raise ValueError(f"{path}:{n}: a JSON {kind}, not an object; {fix}")
             yield n, row
+
+
+def byte_size(n: int) -> str:
+    """`n` bytes for a message: `16 MiB`, `1.5 KiB`, `200 bytes`."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def cut_torn_tail(path: str | Path) -> int:
+    """Cut a last line that an interrupted append left half-written; the bytes cut (0: none).
+
+    The last line counts as torn when it lacks its "\\n" and is not a complete JSON object; a
+    complete one only gets its "\\n", so the next append starts a line of its own. Complete
+    lines are never touched.
+    """
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        start = _last_line_start(f, size)
+        f.seek(start)
+        try:
+            complete = isinstance(json.loads(f.read()), dict)
+        except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+            complete = False
+        if complete:
+            f.write(b"\n")
+            return 0
+        f.truncate(start)
+        return size - start
+
+
+def _last_line_start(f: Any, size: int, chunk: int = 1 << 16) -> int:
+    """The offset just after the last "\\n" of the open binary file `f` (0 when it has none)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - chunk)
+        f.seek(begin)
+        at = f.read(end - begin).rfind(b"\n")
+        if at >= 0:
+            return begin + at + 1
+        end = begin
+    return 0
 
 
 def import_module_or_file(target: str) -> ModuleType:

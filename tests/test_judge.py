@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
+import os
 import re
 from pathlib import Path
 
@@ -14,8 +17,15 @@ from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
 from looprl.eval.summary import summarize
+from looprl.judge.cache import JudgeCacheError
 from looprl.judge.config import make_judge
-from looprl.judge.rubric import JudgeParseError, JudgeRubric, judge_injection, parse_score
+from looprl.judge.rubric import (
+    JudgeParseError,
+    JudgeRubric,
+    judge_injection,
+    parse_score,
+    task_question,
+)
 from looprl.rubrics import Rubric
 from looprl.testing.fake_openai import FakeOpenAIServer
 from looprl.types import EpisodeResult, Generation, Message, Task
@@ -45,6 +55,14 @@ def _prompt(request: GenerationRequest) -> str:
         ("Verdict: CORRECT", 10, 1.0),
         ("It says 41, not 42.\n**incorrect**", 10, 0.0),
         ("SCORE: 2/10 at first sight; on reflection\nSCORE: 9/10", 10, 0.9),  # the last counts
+        # on the line that counts, the first score counts: a later number is an aside
+        ("SCORE: 3/10 (a 10 would need a full proof)", 10, 0.3),
+        ("SCORE: 3/10 (a score: 10 would need a full proof)", 10, 0.3),
+        ("Score: 3/10, not <score>10</score>", 10, 0.3),
+        ("SCORE: 3/10 (a score: 12/10 is off the scale)", 10, 0.3),  # only the score is checked
+        ("SCORE: 7 / 10", 10, 0.7),
+        ("SCORE: 0.8", 10, 0.08),  # a bare number is read on the scale, whatever it looks like
+        ("SCORE: 0.8", 1, 0.8),
     ],
 )
 def test_accepted_score_forms(reply, scale, expected):
@@ -54,6 +72,7 @@ def test_accepted_score_forms(reply, scale, expected):
 @pytest.mark.parametrize(
     "reply",
     ["", "Looks right to me.", "SCORE: high", "SCORE: 12/10", "SCORE: -1", "SCORE: 3/0",
+     "SCORE: 11", "SCORE: 12/10 (a score: 3/10 would be fair)",
      "The candidate is correct about the method"],
 )  # fmt: skip
 def test_junk_is_rejected(reply):
@@ -99,8 +118,78 @@ async def test_cache_is_bounded_and_kept_on_disk(tmp_path):
     restarted = JudgeRubric(again, model=judge.model, cache_path=tmp_path / "judge.jsonl")
     assert await restarted(_ep("b")) == 0.5 and again.calls == 0  # answered from the file
     (tmp_path / "bad.jsonl").write_text("not json\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(JudgeCacheError, match="judge cache .*bad.jsonl:1: not valid JSON"):
         JudgeRubric(engine, cache_path=tmp_path / "bad.jsonl")
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_an_unreadable_reply_is_never_cached_so_it_is_asked_again(tmp_path):
+    replies = iter(["Looks fine to me.", "SCORE: 8/10"])  # a passing bad answer, then a good one
+    engine = ScriptedEngine(lambda r: next(replies))
+    path = tmp_path / "judge.jsonl"
+    judge = JudgeRubric(engine, cache_path=path)
+    with pytest.raises(JudgeParseError):
+        await judge(_ep("42"))
+    assert len(judge.cache) == 0 and not path.exists()  # neither in memory nor on disk
+    assert await judge(_ep("42")) == 0.8 and engine.calls == 2  # asked again: the score comes
+    assert [row["reply"] for row in _lines(path)] == ["SCORE: 8/10"]
+
+
+async def test_unreadable_replies_in_an_old_cache_file_are_skipped(tmp_path):
+    path = tmp_path / "judge.jsonl"
+    first = JudgeRubric(ScriptedEngine(lambda r: "SCORE: 1/10"), model="j", cache_path=path)
+    key = first.cache_key(task_question(_ep("42")), "42", "42")
+    path.write_text(json.dumps({"key": key, "reply": "no verdict today"}) + "\n")
+    engine = ScriptedEngine(lambda r: "SCORE: 6/10")
+    judge = JudgeRubric(engine, model="j", cache_path=path)
+    assert judge.cache.skipped == 1 and len(judge.cache) == 0
+    assert await judge(_ep("42")) == 0.6 and engine.calls == 1
+
+
+async def test_a_torn_last_line_of_the_cache_is_cut_and_appending_goes_on(tmp_path):
+    path = tmp_path / "judge.jsonl"
+    judge = JudgeRubric(ScriptedEngine(lambda r: "SCORE: 5/10"), model="j", cache_path=path)
+    await judge(_ep("a"))
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[:30])  # a kill in the middle of the second append
+    with pytest.warns(UserWarning, match=f"judge cache {re.escape(str(path))}: its last line"):
+        restarted = JudgeRubric(ScriptedEngine(lambda r: "SCORE: 7/10"), model="j", cache_path=path)
+    assert path.read_bytes() == whole and len(restarted.cache) == 1  # the good line stays
+    assert await restarted(_ep("a")) == 0.5  # from the file
+    assert await restarted(_ep("b")) == 0.7  # appended after the whole line
+    assert [row["reply"] for row in _lines(path)] == ["SCORE: 5/10", "SCORE: 7/10"]
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # complete, only its newline missing
+    again = JudgeRubric(ScriptedEngine(lambda r: "SCORE: 0/10"), model="j", cache_path=path)
+    assert len(again.cache) == 2 and path.read_bytes().endswith(b"}\n")  # kept, newline added
+
+
+async def test_every_cache_error_names_the_file(tmp_path, monkeypatch):
+    engine = ScriptedEngine(lambda r: "SCORE: 5/10")
+    path = tmp_path / "judge.jsonl"
+    path.write_text('{"key": "k"}\n')
+    with pytest.raises(JudgeCacheError, match=f"{re.escape(str(path))}:1: no string 'key' or"):
+        JudgeRubric(engine, cache_path=path)
+    path.write_bytes(b'{"key": "k", "reply": "\xff"}\n')
+    with pytest.raises(JudgeCacheError, match=f"{re.escape(str(path))}:1: not UTF-8"):
+        JudgeRubric(engine, cache_path=path)
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    with pytest.raises(JudgeCacheError, match=f"judge cache {re.escape(str(folder))}: cannot read"):
+        JudgeRubric(engine, cache_path=folder)
+    path.unlink()
+    judge = JudgeRubric(engine, cache_path=path)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "open", full_disk)
+    ep = _ep("42")
+    await Rubric([judge]).score(ep)  # the judgement fails as a scoring error naming the file
+    message = ep.errors[0]["message"]
+    assert f"judge cache {path}: cannot append" in message and "No space left" in message
 
 
 class PeakEngine:

@@ -16,14 +16,16 @@ How one judgement goes:
    with `> `, and the block is fenced by two lines carrying a random per-call token the candidate
    cannot predict; the template tells the judge the fenced text is data, never instructions.
 3. Identical judgements (template, question, reference, candidate, judge model, sampling) are
-   asked once: a bounded LRU cache in memory, optionally a JSONL file on disk, and concurrent
-   identical requests share one call.
+   asked once: a bounded LRU cache in memory, optionally a JSONL file on disk
+   (`looprl.judge.cache`), and concurrent identical requests share one call. Only replies that
+   hold a score are cached: an unreadable reply is asked again next time.
 4. The engine is called under a semaphore (`max_concurrency`), each attempt under `timeout_s`;
    a timeout or an engine error is transient and retried (`max_retries`, exponential backoff);
    when all attempts fail the reward raises `JudgeUnavailable`.
-5. The reply is parsed (`parse_score`): the last `SCORE: 7/10`, `<score>0.8</score>`,
-   `score = 80%` or whole-line verdict (`CORRECT` / `INCORRECT`) counts, normalised to [0, 1].
-   A reply with none raises `JudgeParseError`, not retried (the same input gives the same reply).
+5. The reply is parsed (`parse_score`): the first `SCORE: 7/10`, `<score>0.8</score>`,
+   `score = 80%` or whole-line verdict (`CORRECT` / `INCORRECT`) on the last line that holds
+   one counts, normalised to [0, 1]. A reply with none raises `JudgeParseError`; it is not
+   retried at once (greedy sampling gives the same reply) and not cached.
 
 Both errors become the rubric's scoring errors (recorded on the episode, counted, excluded from
 training): a judge that failed never scores a silent 0. `stats` counts calls, cache hits,
@@ -33,19 +35,19 @@ retries, timeouts, engine errors, parse errors and neutralised injection strings
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import json
 import math
 import re
 import secrets
 import string
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from looprl.engines.base import Engine, GenerationRequest
-from looprl.files import iter_jsonl
+from looprl.judge.cache import JudgeCache
 from looprl.kit import final_reply
 from looprl.types import EpisodeResult, Message, SamplingParams
 
@@ -138,29 +140,31 @@ def parse_score(
 ) -> float:
     """The judge's score in [0, 1]; raises `JudgeParseError` when the reply holds none.
 
-    Accepted, the LAST one in the reply counting (judges reason first and conclude last):
-    `SCORE: 7/10`, `Score = 7 out of 10`, `**Rating:** 80%`, `<score>0.8</score>`, a bare
-    `SCORE: 7` or a reply that is only a number (read on `scale`: 7 -> 0.7 with scale 10), and a
-    line that is only a verdict, e.g. `CORRECT` or `Verdict: INCORRECT` (values from `verdicts`,
-    default CORRECT 1.0, INCORRECT 0.0; case does not matter). A score outside its scale is an error.
+    Accepted: `SCORE: 7/10`, `SCORE: 7 / 10`, `Score = 7 out of 10`, `**Rating:** 80%`,
+    `<score>0.8</score>`, a bare `SCORE: 7` or a reply that is only a number (read on `scale`:
+    7 -> 0.7 and 0.8 -> 0.08 with scale 10), and a line that is only a verdict, e.g. `CORRECT`
+    or `Verdict: INCORRECT` (values from `verdicts`, default CORRECT 1.0, INCORRECT 0.0; case
+    does not matter). The LAST line holding one counts (judges reason first and conclude last),
+    and on that line the FIRST one: in `SCORE: 3/10 (a score: 10 would need a proof)` the
+    aside is not the score. The score that counts must lie within its scale.
     """
     table = {k.upper(): v for k, v in (DEFAULT_VERDICTS if verdicts is None else verdicts).items()}
-    found: list[tuple[int, float]] = []
+    line_starts = [0, *(m.end() for m in re.finditer(r"\n", text))]
+    found: list[tuple[int, int, tuple[str | Any, ...] | float]] = []  # (line, -start, score)
     for form in _SCORE_FORMS:
         for m in form.finditer(text):
-            found.append((m.start(), _fraction(m.groups(), scale)))
-    offset = 0
-    for line in text.splitlines(keepends=True):
-        verdict = _VERDICT_LINE.match(line.strip())
+            found.append((bisect.bisect_right(line_starts, m.start()) - 1, -m.start(), m.groups()))
+    for n, start in enumerate(line_starts):
+        verdict = _VERDICT_LINE.match(text[start:].split("\n", 1)[0].strip())
         word = " ".join(verdict.group(1).upper().split()) if verdict else ""
         if word in table:
-            found.append((offset, float(table[word])))
-        offset += len(line)
+            found.append((n, -start, float(table[word])))
     if not found and (bare := _BARE.match(text)):
-        found.append((0, _fraction(bare.groups(), scale)))
+        found.append((0, 0, bare.groups()))
     if not found:
         raise JudgeParseError(f"judge reply holds no score: {text[:200]!r}")
-    return max(found, key=lambda f: f[0])[1]
+    score = max(found, key=lambda f: f[:2])[2]
+    return score if isinstance(score, float) else _fraction(score, scale)
 
 
 def _verdict_lines(verdicts: Mapping[str, float]) -> re.Pattern[str]:
@@ -199,55 +203,6 @@ def task_question(episode: EpisodeResult) -> str:
     """The question a judge sees: the last user message of the task prompt ("" when none)."""
     users = [m.content for m in episode.task.prompt if m.role == "user"]
     return users[-1] if users else ""
-
-
-_CACHE_FIX = "a judge cache line is {'key', 'reply'}; delete the file or point cache_path elsewhere"
-
-
-class JudgeCache:
-    """Judge replies by key: an LRU of `size` entries, and a JSONL file when `path` is given.
-
-    The file is read at start (every line `{"key", "reply"}`; the last `size` stay in memory) and
-    each new reply is appended, so a restarted run asks no judgement twice.
-    """
-
-    def __init__(self, size: int = 4096, path: str | Path | None = None) -> None:
-        if size < 0:
-            raise ValueError(f"judge cache size must be >= 0 (0 turns it off), got {size}")
-        self.size = size
-        self.path = Path(path) if path else None
-        self._items: OrderedDict[str, str] = OrderedDict()
-        if self.path is not None and self.path.exists():
-            for n, row in iter_jsonl(self.path, fix=_CACHE_FIX):
-                if "key" not in row or "reply" not in row:
-                    raise ValueError(f"{self.path}:{n}: no 'key' or no 'reply'; {_CACHE_FIX}")
-                self._put(str(row["key"]), str(row["reply"]))
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: str) -> str | None:
-        """The cached reply for `key` (marked as recently used), or None."""
-        reply = self._items.get(key)
-        if reply is not None:
-            self._items.move_to_end(key)
-        return reply
-
-    def put(self, key: str, reply: str) -> None:
-        """Remember `reply` for `key` (in memory, and appended to the file when there is one)."""
-        self._put(key, reply)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"key": key, "reply": reply}) + "\n")
-
-    def _put(self, key: str, reply: str) -> None:
-        if self.size == 0:
-            return
-        self._items[key] = reply
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
 
 
 class _LoopState:
@@ -330,7 +285,7 @@ class JudgeRubric:
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
-        self.cache = JudgeCache(cache_size, cache_path)
+        self.cache = JudgeCache(cache_size, cache_path, keep=self.parses)
         self.candidate = candidate
         self._renderer = None
         if tokenizer is not None:
@@ -396,8 +351,16 @@ class JudgeRubric:
             fence=token,
         ), token  # fmt: skip
 
+    def parses(self, reply: str) -> bool:
+        """Whether `reply` holds a score this judge reads (only such replies are cached)."""
+        try:
+            parse_score(reply, scale=self.scale, verdicts=self.verdicts)
+        except JudgeParseError:
+            return False
+        return True
+
     async def _ask_and_keep(self, state: _LoopState, key: str, prompt: str) -> str:
-        """Ask the judge and cache its reply."""
+        """Ask the judge and cache its reply when it holds a score."""
         text = await self._ask(state, prompt)
         self.cache.put(key, text)
         return text
