@@ -313,3 +313,71 @@ def test_a_reference_needs_no_name(tiny_tokenizer):
         env = _word_env([])
         env.probe_profile.reference = 42  # type: ignore[attr-defined]
         asyncio.run(run_probe(env, env_name="word", tasks=3, tokenizer=tiny_tokenizer))
+
+
+BAD_RUBRICS = '''
+"""Two rubrics a probe must refuse: one pays nothing, one pays any number in the format."""
+import re
+
+from looprl import Message, Rubric, SingleTurnEnv, Task
+
+
+def nothing(episode):
+    """0.0 for every reply, the right one too."""
+    return 0.0
+
+
+def any_number(episode):
+    """1.0 for any number in <answer> tags, right or wrong."""
+    return float(bool(re.search(r"<answer>-?\\d+</answer>", episode.messages[-1].content)))
+
+
+def broken(episode):
+    """Raises for every reply."""
+    raise KeyError("answer_key")
+
+
+def load_environment(reward="nothing"):
+    tasks = [Task(f"t{i}", [Message(role="user", content=f"What is {i} + 1?")], str(i + 1))
+             for i in range(3)]
+    rubric = Rubric([{"nothing": nothing, "any_number": any_number, "broken": broken}[reward]])
+    return SingleTurnEnv(name=reward, rubric=rubric, eval_tasks=tasks)
+'''
+
+
+@pytest.mark.parametrize(
+    ("reward", "reason"),
+    [
+        ("nothing", "the reference scores no better than the honest failure (0.000 against"),
+        ("any_number", "the rubric pays the honest wrong answer like the right one (1.000 against"),
+    ],
+)
+def test_strict_fails_a_rubric_that_cannot_tell_right_from_wrong(tmp_path, capsys, reward, reason):
+    from looprl.cli.main import main
+
+    (tmp_path / "bad_rubrics.py").write_text(BAD_RUBRICS)
+    out = tmp_path / reward
+    argv = ["probe", str(tmp_path / "bad_rubrics.py"), "--env.reward", reward, "--tasks", "3"]
+    assert main([*argv, "--strict", "--out", str(out)]) == 1
+    doc = json.loads((out / "probe.json").read_text())
+    # every exploit "resisted": the exploit rows alone would pass --strict
+    assert doc["exploitable"] == [] and all(r["verdict"] == "resisted" for r in doc["rows"])
+    assert doc["strict_failed"] and len(doc["rubric_problems"]) == 1
+    assert doc["rubric_problems"][0].startswith(reason) and probe_problem(doc) is None
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"rubric: {reason}" in printed
+
+
+def test_a_baseline_that_cannot_be_scored_is_one_line_not_a_traceback(tmp_path, capsys):
+    from looprl.cli.main import main
+
+    (tmp_path / "bad_rubrics.py").write_text(BAD_RUBRICS)
+    out = tmp_path / "broken"
+    argv = ["probe", str(tmp_path / "bad_rubrics.py"), "--env.reward", "broken", "--tasks", "2"]
+    assert main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: the honest-failure baseline could not be scored on")
+    assert "2 of 2 episodes errored; the first: scoring: KeyError: 'answer_key'" in err
+    assert "fix the environment so that its rubric scores a wrong answer" in err
+    assert str(out / "results.jsonl") in err and (out / "results.jsonl").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from looprl.console import console
-from looprl.probe.run import ProbeResult, Row, run_probe
+from looprl.probe.run import ProbeError, ProbeResult, Row, run_probe
 
 DEFAULT_TASKS = 8
 DEFAULT_MARGIN = 0.1  # a tenth of a 0-1 reward: one task in ten gained by the exploit alone
@@ -33,7 +34,10 @@ def register(sub: Any) -> None:
         help="reward above the honest-failure baseline that makes an exploit 'exploitable'",
     )
     p.add_argument(
-        "--strict", action="store_true", help="exit 1 when any exploit is exploitable or errored"
+        "--strict",
+        action="store_true",
+        help="exit 1 when any exploit is exploitable or errored, or the reference earns no more "
+        "than the honest failure",
     )
     p.add_argument("--split", default="eval", choices=["eval", "train"])
     p.add_argument("--seed", type=int, default=0)
@@ -65,18 +69,23 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     env = load_env(args.env, env_kwargs)
     console.print(f"[bold]looprl probe[/bold] {env.name} · {args.tasks} tasks per policy → {out}")
     start = time.perf_counter()
-    result = asyncio.run(
-        run_probe(
-            env, env_name=args.env, env_kwargs=env_kwargs, tasks=args.tasks, margin=args.margin,
-            output=out, split=args.split, seed=args.seed, reference=reference,
-        )
-    )  # fmt: skip
+    try:
+        result = asyncio.run(
+            run_probe(
+                env, env_name=args.env, env_kwargs=env_kwargs, tasks=args.tasks,
+                margin=args.margin, output=out, split=args.split, seed=args.seed,
+                reference=reference,
+            )
+        )  # fmt: skip
+    except ProbeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print_result(result, title=f"{env.name} · margin {args.margin:g}")
     console.print(f"{time.perf_counter() - start:.1f} s · probe: {out / 'probe.json'} · "
                   f"episodes: {out / 'results.jsonl'} (looprl view {out})")  # fmt: skip
     failed = result.document["strict_failed"]
     if failed and args.strict:
-        console.print("[bold red]--strict: an exploit beat the baseline or errored[/]")
+        console.print("[bold red]--strict: the rubric or an exploit failed (see above)[/]")
         return 1
     return 0
 
@@ -133,11 +142,13 @@ def print_result(result: ProbeResult, title: str = "probe") -> None:
     for row in rows:
         if "accepted" in row:
             console.print(f"accepted by design: {row['name']}: {row['accepted']}", highlight=False)
+    for problem in result.document["rubric_problems"]:
+        console.print(f"[bold red]rubric:[/] {problem}", highlight=False)
     errored = [r["name"] for r in result.document["rows"] if r["verdict"] == "errored"]
     if bad:
         console.print(f"[bold red]exploitable:[/] {', '.join(bad)}", highlight=False)
     if errored:
         console.print(f"[yellow]errored:[/] {', '.join(errored)}", highlight=False)
-    if not bad and not errored:
+    if not bad and not errored and not result.document["rubric_problems"]:
         accepted = any("accepted" in r for r in rows)
         console.print(f"[green]every exploit resisted{' or is accepted' if accepted else ''}[/]")

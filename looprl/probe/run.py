@@ -8,8 +8,11 @@ reply is encoded to token ids and cut at the turn's token cap, as a sampler's wo
 
 Verdicts: an exploit whose mean reward exceeds the honest-failure baseline's by more than
 `margin` is `exploitable`; one whose episodes mostly errored (or none could be scored) is
-`errored`; else `resisted`. `strict_failed` is true when a row is errored, or exploitable
-without the environment's profile accepting it by design (the row then says why, `accepted`).
+`errored`; else `resisted`. The two yardsticks are checked too (`rubric_problems`): a reference
+that earns no more than the honest failure (plus `margin`), or could not be scored, leaves every
+exploit comparison meaningless. `strict_failed` is true when the yardsticks have a problem, or a
+row is errored, or exploitable without the environment's profile accepting it by design (the
+row then says why, `accepted`). A baseline that cannot be scored at all raises `ProbeError`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from looprl.rollout.loop import RolloutConfig
 from looprl.types import EpisodeResult, SamplingParams, Task
 
 Verdict = Literal["exploitable", "resisted", "errored"]
+
+
+class ProbeError(ValueError):
+    """The probe cannot judge the environment; the message names the problem and the fix."""
+
+
 BASELINE = "honest_failure"
 REFERENCE = "reference"
 
@@ -213,10 +222,7 @@ async def run_probe(
     rows = _rows(plan, outcome.episodes)
     baseline, reference, exploits = rows[0], rows[1], rows[2:]
     if not baseline.rewards:
-        raise RuntimeError(
-            f"the honest-failure baseline could not be scored on {env_name!r} "
-            f"({baseline.errors} errored episodes); see {output or 'the episodes'} for the errors"
-        )
+        raise ProbeError(_unscored_baseline(env_name, baseline, outcome.episodes, output))
     accepted = {k: v for t in base_tasks for k, v in profile_for(env.for_task(t)).accepted.items()}
     doc = probe_document(env_name, env_kwargs or {}, len(base_tasks), margin, rows, accepted)
     if output is not None:
@@ -225,6 +231,51 @@ async def run_probe(
 
         write_text_atomically(output / "probe.json", safe_json.dumps(doc, indent=2))
     return ProbeResult(baseline, reference, exploits, outcome.episodes, doc)
+
+
+def _unscored_baseline(
+    env_name: str, baseline: Row, episodes: list[EpisodeResult], output: Path | None
+) -> str:
+    """Why no honest-failure episode was scored (its first error) and what to do, in one line."""
+    errors = [e for ep in episodes if ep.task.info["exploit"] == BASELINE for e in ep.errors]
+    first = f"; the first: {errors[0].get('kind')}: {errors[0].get('message')}" if errors else ""
+    where = f" (episodes in {output / 'results.jsonl'})" if output is not None else ""
+    first = " ".join(first.split())[:300]
+    return (
+        f"the honest-failure baseline could not be scored on {env_name!r}: {baseline.errors} of "
+        f"{baseline.episodes} episodes errored{first}; fix the environment so that its rubric "
+        f"scores a wrong answer in the expected format (0 is a score), then probe again{where}"
+    )
+
+
+def rubric_problems(baseline: Row, reference: Row, margin: float) -> list[str]:
+    """What is wrong with the yardsticks, one line each (none: the exploit rows mean something).
+
+    The reference must be scored and earn more than the honest failure by more than `margin`:
+    a rubric that pays an honest wrong answer like the right one, or does not pay the right one,
+    cannot tell an exploit from an answer.
+    """
+    if not reference.episodes:
+        return []
+    if not reference.rewards:
+        return [
+            f"the reference could not be scored ({reference.errors} of {reference.episodes} "
+            "episodes errored): fix the rubric, or give a reference that solves the task "
+            "(--reference MODULE:FN)"
+        ]
+    if reference.mean - baseline.mean > margin:
+        return []
+    pair = f"{baseline.mean:.3f} against the reference's {reference.mean:.3f}, margin {margin:g}"
+    if baseline.mean > 0:
+        return [
+            f"the rubric pays the honest wrong answer like the right one ({pair}): make it "
+            "score the answer against task.answer, not the format"
+        ]
+    return [
+        f"the reference scores no better than the honest failure ({pair}): the rubric does "
+        "not reward the right answer; check how it reads the answer, or give a reference that "
+        "solves the task (--reference MODULE:FN)"
+    ]
 
 
 def _rows(plan: list[tuple[Any, list[Episode]]], episodes: list[EpisodeResult]) -> list[Row]:
@@ -280,6 +331,7 @@ def probe_document(
     for row in out_rows:
         if row["verdict"] == "exploitable" and row["name"] in accepted:
             row["accepted"] = accepted[str(row["name"])]
+    problems = rubric_problems(baseline, reference, margin)
     return {
         "kind": "looprl.probe",
         "version": 1,
@@ -291,5 +343,7 @@ def probe_document(
         "reference": reference.summary() if reference.episodes else None,
         "rows": out_rows,
         "exploitable": [r["name"] for r in out_rows if r["verdict"] == "exploitable"],
-        "strict_failed": any(r["verdict"] != "resisted" and "accepted" not in r for r in out_rows),
+        "rubric_problems": problems,
+        "strict_failed": bool(problems)
+        or any(r["verdict"] != "resisted" and "accepted" not in r for r in out_rows),
     }

@@ -3,7 +3,7 @@
 `probe.json` is `{"kind": "looprl.probe", "version": 1, "env", "env_kwargs", "tasks",
 "margin", "baseline": {"name", "mean_reward", "stderr"}, "reference": same or null, "rows":
 [{"name", "description", "knows_answer", "mean_reward", "stderr", "episodes", "errors",
-"verdict"}], "exploitable": [names], "strict_failed"}`. `results.jsonl` holds the episodes as
+"verdict"}], "exploitable": [names], "rubric_problems": [lines], "strict_failed"}`. `results.jsonl` holds the episodes as
 `looprl eval` writes them; each names its exploit in `task.info["exploit"]` (or
 `state["exploit"]`). The file is checked with `looprl.viewer.schema` rules before the page sees it.
 """
@@ -45,6 +45,7 @@ PROBE = Record(
         "reference": OneOf(POLICY, Scalar("null", type(None), null=True)),
         "rows": ListOf(ROW),
         "exploitable": ListOf(STR),
+        "rubric_problems": ListOf(STR),
         "strict_failed": Scalar("true or false", bool),
     },
     required=("kind", "rows", "baseline"),
