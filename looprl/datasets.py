@@ -19,8 +19,11 @@ eval, the rule of the bundled generators, so a dataset's held-out tasks never le
 a `DatasetDict` uses its own `train` / `validation` / `test` splits where it has them.
 
 Files are streamed: rows are read one at a time (Parquet one batch of a row group at a time),
-only the mapped columns are kept, and reading stops once `limit` tasks are found. A bad row
-stops the load with one `DatasetError` that names the file, the row and the fix.
+only the mapped columns are kept, and reading stops once `limit` tasks are found. A line of a
+JSONL or CSV file longer than `max_row_bytes` (16 MiB) is refused after reading that much of
+it, never read whole. A bad row stops the load with one `DatasetError` that names the file,
+the row and the fix: bytes that are not UTF-8, a string holding a lone surrogate (`"\\ud800"`, a
+half of a UTF-16 pair that no tokenizer or writer can encode), a damaged Parquet file.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, get_args
 
-from looprl.files import iter_jsonl
+from looprl.files import LineError, byte_size, iter_jsonl, text_lines
 from looprl.kit import split_of
 from looprl.types import Message, Role, Task
 
@@ -42,6 +45,7 @@ FILE_FORMATS = (".jsonl", ".csv", ".parquet")
 PROMPT_COLUMNS = ("prompt", "question")  # looked for in this order when `prompt` is not given
 HELD_OUT_SPLITS = ("eval", "validation", "test")  # a DatasetDict's split that serves `split="eval"`
 _PARQUET_BATCH = 1024  # rows decoded at a time
+MAX_ROW_BYTES = 16 * 2**20  # one line of a JSONL or CSV file; a task prompt is far smaller
 
 
 class DatasetError(ValueError):
@@ -86,17 +90,19 @@ def load_tasks(
     split: str | None = None,
     limit: int | None = None,
     env: str = "",
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> list[Task]:
     """The tasks of `source` (a file, a saved `datasets` directory or rows), columns mapped.
 
     `split`: None for every row, `train` or `eval` for a hash split (or a `DatasetDict`'s own
     split); `limit`: at most this many tasks, reading no further; `env`: set on every task (the
-    environment that runs it). Raises `DatasetError` naming the row and the fix.
+    environment that runs it); `max_row_bytes`: the longest line of a JSONL or CSV file.
+    Raises `DatasetError` naming the row and the fix.
     """
     return list(
         iter_tasks(
             source, prompt=prompt, answer=answer, info=info, id=id, system=system,
-            split=split, limit=limit, env=env,
+            split=split, limit=limit, env=env, max_row_bytes=max_row_bytes,
         )
     )  # fmt: skip
 
@@ -112,6 +118,7 @@ def iter_tasks(
     split: str | None = None,
     limit: int | None = None,
     env: str = "",
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> Iterator[Task]:
     """`load_tasks` one task at a time: a large file is never held in memory."""
     if limit is not None and limit < 0:
@@ -119,7 +126,9 @@ def iter_tasks(
     if isinstance(info, str):
         raise DatasetError(f"info must be a list of column names, got the string {info!r}")
     columns = Columns(prompt, answer, None if info is None else tuple(info), id, system)
-    rows = _open(source, columns, split)
+    if max_row_bytes < 1:
+        raise DatasetError(f"max_row_bytes must be >= 1, got {max_row_bytes}")
+    rows = _open(source, columns, split, max_row_bytes)
     columns = _resolve_prompt(columns, rows)
     tasks = (_task(where, row, columns, f"{rows.name}-{n}", env) for n, where, row in rows.rows)
     if rows.hash_split is not None:
@@ -171,7 +180,10 @@ def train_eval_tasks(
 
 
 def _open(
-    source: str | Path | Iterable[Mapping[str, Any]], columns: Columns, split: str | None
+    source: str | Path | Iterable[Mapping[str, Any]],
+    columns: Columns,
+    split: str | None,
+    max_row_bytes: int,
 ) -> _Rows:
     """The rows of a source, with the split resolved (a hash split is left to `iter_tasks`)."""
     if not isinstance(source, str | Path):
@@ -187,18 +199,18 @@ def _open(
         )
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return _Rows(_jsonl_rows(path), path.stem, None, _hash_split(split, str(path)))
+        return _Rows(_jsonl_rows(path, max_row_bytes), path.stem, None, _hash_split(split, path))
     if suffix == ".csv":
-        return _Rows(_csv_rows(path), path.stem, None, _hash_split(split, str(path)))
+        return _Rows(_csv_rows(path, max_row_bytes), path.stem, None, _hash_split(split, path))
     if suffix == ".parquet":
-        return _parquet_rows(path, columns, _hash_split(split, str(path)))
+        return _parquet_rows(path, columns, _hash_split(split, path))
     raise DatasetError(
         f"{path}: unknown format {suffix or '(no suffix)'!r}; use {', '.join(FILE_FORMATS)} or a "
         "directory written by datasets' save_to_disk"
     )
 
 
-def _hash_split(split: str | None, name: str) -> str | None:
+def _hash_split(split: str | None, name: str | Path) -> str | None:
     if split not in (None, "train", "eval"):
         raise DatasetError(
             f"{name} has no named splits; use split='train' or 'eval' (a hash split) or None"
@@ -213,45 +225,82 @@ def _numbered(
         yield i, f"{name}: row {i}", row
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
+def _jsonl_rows(path: Path, max_row_bytes: int) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
+    fix = f"each line must be one task, an object of columns, within {_row_limit(max_row_bytes)}"
     try:
-        for i, row in iter_jsonl(path, fix="each line must be one task, an object of columns"):
+        for i, row in iter_jsonl(path, fix=fix, max_line_bytes=max_row_bytes):
             yield i, f"{path}: line {i}", row
     except ValueError as exc:  # iter_jsonl's, naming the line: the dataset error type
         raise DatasetError(str(exc)) from None
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        for i, row in enumerate(reader, 1):
-            where = f"{path}: row {i} (line {reader.line_num})"
-            if None in row:
-                raise DatasetError(
-                    f"{where} has more fields than the header; quote commas in values"
-                )
-            yield i, where, {k: v for k, v in row.items() if v is not None}  # short rows: missing
+def _row_limit(max_row_bytes: int) -> str:
+    return f"{byte_size(max_row_bytes)} (load_tasks(max_row_bytes=...) sets the limit)"
+
+
+def _csv_rows(path: Path, max_row_bytes: int) -> Iterator[tuple[int, str, Mapping[str, Any]]]:
+    with path.open("rb") as f:
+        reader = csv.DictReader(text_lines(f, max_row_bytes))
+        i = 0
+        try:
+            for i, row in enumerate(reader, 1):
+                where = f"{path}: row {i} (line {reader.line_num})"
+                if None in row:
+                    raise DatasetError(
+                        f"{where} has more fields than the header; quote commas in values"
+                    )
+                yield i, where, {k: v for k, v in row.items() if v is not None}  # short: missing
+        except LineError as exc:
+            row_name = "the header" if exc.line == 1 else f"row {i + 1}"
+            fix = exc.fix or f"each row must fit within {_row_limit(max_row_bytes)}"
+            raise DatasetError(f"{path}: {row_name} (line {exc.line}): {exc}; {fix}") from None
+        except csv.Error as exc:
+            raise DatasetError(
+                f"{path}: row {i + 1} (line {reader.line_num}): {exc}; check the row's quoting, "
+                "or write long fields as JSONL"
+            ) from None
 
 
 def _parquet_rows(path: Path, columns: Columns, hash_split: str | None) -> _Rows:
     try:
+        import pyarrow
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(
             f"reading {path} needs pyarrow: pip install -e '.[{DATA_EXTRA}]'"
         ) from None
-    parquet = pq.ParquetFile(path)
+    damaged = (pyarrow.ArrowException, OSError)
+    fix = "write it again (e.g. pandas' DataFrame.to_parquet), or give the rows as JSONL"
+    try:
+        parquet = pq.ParquetFile(path)
+    except damaged as exc:
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc}); {fix}") from None
     names = list(parquet.schema_arrow.names)
     wanted = _wanted(_resolve_prompt(columns, _Rows(iter(()), path.stem, names)), names)
 
     def rows() -> Iterator[tuple[int, str, Mapping[str, Any]]]:
         i = 0
-        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=wanted):
-            for row in batch.to_pylist():
-                i += 1
-                yield i, f"{path}: row {i}", row
+        for group in range(parquet.num_row_groups):
+            size = parquet.metadata.row_group(group).num_rows
+            try:
+                batches = list(_group_batches(parquet, group, wanted))
+            except damaged as exc:
+                problem = " ".join(str(exc).split())
+                raise DatasetError(
+                    f"{path}: rows {i + 1}-{i + size} (row group {group}) cannot be read, the "
+                    f"file is damaged ({problem}); {fix}"
+                ) from None
+            for batch in batches:
+                for row in batch.to_pylist():
+                    i += 1
+                    yield i, f"{path}: row {i}", row
 
     return _Rows(rows(), path.stem, names, hash_split)
+
+
+def _group_batches(parquet: Any, group: int, wanted: list[str]) -> Iterator[Any]:
+    """The record batches of one row group, only the `wanted` columns."""
+    return parquet.iter_batches(batch_size=_PARQUET_BATCH, row_groups=[group], columns=wanted)
 
 
 def _wanted(columns: Columns, names: list[str]) -> list[str]:
@@ -355,7 +404,34 @@ def _task(where: str, row: Mapping[str, Any], columns: Columns, default_id: str,
         answer = str(row[columns.answer])
     row_id = row.get(columns.id)
     task_id = str(row_id) if row_id is not None else default_id
-    return Task(task_id, messages, answer, _info(row, columns, fail), env)
+    task = Task(task_id, messages, answer, _info(row, columns, fail), env)
+    problem = _not_unicode(task)
+    if problem:
+        raise fail(problem)
+    return task
+
+
+def _not_unicode(task: Task) -> str | None:
+    """Where a task holds a lone surrogate (text no UTF-8 writer or tokenizer can encode)."""
+    parts = [
+        ("id", task.id),
+        ("answer", task.answer or ""),
+        ("info", json.dumps(task.info, ensure_ascii=False)),
+    ]
+    parts += [
+        (f"prompt message {i}", json.dumps(m.to_dict(), ensure_ascii=False))
+        for i, m in enumerate(task.prompt)
+    ]
+    for what, text in parts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (
+                f"the {what} holds a lone surrogate {text[exc.start]!r} (an unpaired \\ud800-"
+                "\\udfff escape: half of a UTF-16 pair, not text); write the character itself, or "
+                "both escapes of its pair"
+            )
+    return None
 
 
 def _missing(column: str | None, row: Mapping[str, Any], part: str) -> str:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -36,6 +36,32 @@ _JSON_KINDS: dict[type, str] = {
 }  # fmt: skip
 
 
+class LineError(ValueError):
+    """A line of a text file that cannot be read: `line` is its number, the message the problem,
+    `fix` what to do about it ("" when the caller knows better)."""
+
+    def __init__(self, line: int, problem: str, fix: str = "") -> None:
+        super().__init__(problem)
+        self.line = line
+        self.fix = fix
+
+
+def text_lines(f: BinaryIO, max_line_bytes: int | None = None) -> Iterator[str]:
+    """The lines of the binary file `f` as UTF-8 text, ending at "\\n" only, each read no
+    further than `max_line_bytes` (None: no limit); raises `LineError` for a longer line (after
+    reading that much of it) or one that is not UTF-8."""
+    size = -1 if max_line_bytes is None else max_line_bytes + 1
+    for n, raw in enumerate(iter(lambda: f.readline(size), b""), 1):
+        if max_line_bytes is not None and len(raw) > max_line_bytes and raw[-1:] != b"\n":
+            raise LineError(n, f"longer than {byte_size(max_line_bytes)} (read no further)")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise LineError(
+                n, f"not UTF-8 (byte {exc.start} of the line)", "save the file as UTF-8"
+            ) from None
+
+
 def iter_jsonl(
     path: str | Path,
     *,
@@ -50,30 +76,24 @@ def iter_jsonl(
     Lines end at "\\n" only: a JSON string may hold U+2028, where `str.splitlines` would cut it.
     A missing file raises FileNotFoundError.
     """
-    size = -1 if max_line_bytes is None else max_line_bytes + 1
     with open(path, "rb") as f:
-        for n, raw in enumerate(iter(lambda: f.readline(size), b""), 1):
-            if max_line_bytes is not None and len(raw) > max_line_bytes and raw[-1:] != b"\n":
-                raise ValueError(
-                    f"{path}:{n}: longer than {byte_size(max_line_bytes)}, the limit for one line "
-                    f"(read no further); {fix}"
-                )
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(
-                    f"{path}:{n}: not UTF-8 (byte {exc.start} of the line); save the file as UTF-8"
-                ) from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg}); {fix}") from None
-            if not isinstance(row, dict):
-                kind = _JSON_KINDS[type(row)]
-                raise ValueError(f"{path}:{n}: a JSON {kind}, not an object; {fix}")
-            yield n, row
+        try:
+            for n, line in enumerate(text_lines(f, max_line_bytes), 1):
+                if line.strip():
+                    yield n, _json_object(path, n, line, fix)
+        except LineError as exc:
+            raise ValueError(f"{path}:{exc.line}: {exc}; {exc.fix or fix}") from None
+
+
+def _json_object(path: str | Path, n: int, line: str, fix: str) -> dict[str, Any]:
+    """Line `n` of `path` as a JSON object, or ValueError naming the line and `fix`."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg}); {fix}") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}:{n}: a JSON {_JSON_KINDS[type(row)]}, not an object; {fix}")
+    return row
 
 
 def byte_size(n: int) -> str:

@@ -283,3 +283,87 @@ def test_the_datasets_example_in_the_docs_runs_as_written(tmp_path, monkeypatch)
     test = doctest.DocTestParser().get_doctest(example, {}, "environments.md", None, 0)
     result = doctest.DocTestRunner().run(test)
     assert result.failed == 0 and result.attempted == 3
+
+
+def _good_lines(n: int) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in arithmetic_rows(n))
+
+
+def test_bytes_that_are_not_utf8_name_the_file_and_the_row(tmp_path):
+    jsonl = tmp_path / "latin.jsonl"
+    jsonl.write_bytes(_good_lines(2) + b'{"question": "caf\xe9?", "answer": 1}\n')
+    with pytest.raises(DatasetError, match=r"latin.jsonl:3: not UTF-8 .*save the file as UTF-8"):
+        load_tasks(jsonl)
+    csv_file = tmp_path / "latin.csv"
+    csv_file.write_bytes(b"question,answer\nWhat is 1?,1\nWhat is 2?,2\ncaf\xe9?,3\n")
+    with pytest.raises(DatasetError, match=r"latin.csv: row 3 \(line 4\): not UTF-8 .*as UTF-8"):
+        load_tasks(csv_file)
+    csv_file.write_bytes(b"questi\xf3n,answer\nWhat is 1?,1\n")
+    with pytest.raises(DatasetError, match=r"latin.csv: the header \(line 1\): not UTF-8"):
+        load_tasks(csv_file)
+
+
+@pytest.mark.parametrize(
+    ("line", "where"),
+    [
+        ('{"question": "a\\ud800b", "answer": 1}', "the prompt message 0"),
+        ('{"question": "ok", "answer": "\\udfff"}', "the answer"),
+        ('{"question": "ok", "answer": 1, "info": {"k": "\\ud83d"}}', "the info"),
+        ('{"question": "ok", "answer": 1, "id": "x\\ud800"}', "the id"),
+    ],
+)
+def test_a_lone_surrogate_escape_is_refused_at_its_row(tmp_path, line, where):
+    path = tmp_path / "escapes.jsonl"
+    path.write_bytes(_good_lines(1) + line.encode() + b"\n")
+    with pytest.raises(DatasetError, match=rf"escapes.jsonl: line 2: {where} holds a lone surr"):
+        load_tasks(path)
+    paired = tmp_path / "paired.jsonl"  # a full pair of escapes is a character: accepted
+    paired.write_text('{"question": "smile \\ud83d\\ude00", "answer": 1}\n')
+    assert load_tasks(paired)[0].prompt[0].content == "smile \U0001f600"
+    with pytest.raises(DatasetError, match=r"rows: row 1: the prompt message 0 holds a lone"):
+        load_tasks([{"question": "a\ud800", "answer": 1}])  # rows given in Python too
+
+
+def test_a_damaged_parquet_file_names_the_file_and_the_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="reading Parquet needs pyarrow (the data extra)")
+    pq = pytest.importorskip("pyarrow.parquet")
+    not_parquet = tmp_path / "noise.parquet"
+    not_parquet.write_bytes(b"PAR1" + bytes(range(256)) * 4)
+    with pytest.raises(DatasetError, match=r"noise.parquet: not a readable Parquet file .*again"):
+        load_tasks(not_parquet)
+    rows = arithmetic_rows(50)
+    table = pa.table({"question": [r["question"] for r in rows], "answer": [1] * 50})
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    offset = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 16] = b"\xff" * 16  # the third row group's first page header
+    path.write_bytes(bytes(data))
+    assert len(load_tasks(path, limit=20)) == 20  # the rows before it still read
+    with pytest.raises(DatasetError, match=r"damaged.parquet: rows 21-30 \(row group 2\) cannot"):
+        load_tasks(path)
+
+
+def test_a_line_over_the_row_limit_is_refused_without_reading_it_whole(tmp_path):
+    import resource
+
+    files = {
+        "long.jsonl": _good_lines(2) + json.dumps({"question": "x" * 5000, "answer": 1}).encode(),
+        "long.csv": b"question,answer\nWhat is 1?,1\nWhat is 2?,2\n" + b"x" * 5000 + b",1\n",
+    }
+    where = {"long.jsonl": "long.jsonl:3: ", "long.csv": r"long.csv: row 3 \(line 4\): "}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data + b"\n")
+        with pytest.raises(DatasetError, match=rf"{where[name]}longer than 4 KiB.*max_row_bytes"):
+            load_tasks(tmp_path / name, max_row_bytes=4096)
+        assert len(load_tasks(tmp_path / name, max_row_bytes=8192)) == 3  # a higher limit reads it
+    # A 512 MiB line with no newline (a sparse file: no disk used) under a 1 MiB limit: refused
+    # after reading 1 MiB of it; reading it whole would add 512 MiB to the peak RSS.
+    huge = tmp_path / "one_line.jsonl"
+    with huge.open("wb") as f:
+        f.write(b'{"question": "')
+        f.truncate(512 * 2**20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    with pytest.raises(DatasetError, match=r"one_line.jsonl:1: longer than 1 MiB"):
+        load_tasks(huge, max_row_bytes=2**20)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024

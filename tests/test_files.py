@@ -84,3 +84,30 @@ def test_a_multi_file_environment_recipe_runs_from_the_cli(tmp_path, monkeypatch
     argv = ["probe", "rectangles/env.py", "--tasks", "4", "--strict", "--out", "out"]
     assert main(argv) == 0  # as the doc says: every exploit resisted
     assert "geometry" not in sys.modules
+
+
+def test_a_torn_last_line_is_cut_and_complete_lines_are_kept(tmp_path):
+    from looprl.files import cut_torn_tail
+
+    path = tmp_path / "a.jsonl"
+    for data, cut, after in [
+        (b'{"a": 1}\n{"a": 2}\n', 0, b'{"a": 1}\n{"a": 2}\n'),  # whole: untouched
+        (b'{"a": 1}\n{"a": 2', 7, b'{"a": 1}\n'),  # torn: cut
+        (b'{"a": 1}\n{"a": 2}', 0, b'{"a": 1}\n{"a": 2}\n'),  # complete, no newline: given one
+        (b'{"a": "\xc3', 8, b""),  # the only line, torn inside a character's bytes
+        (b"", 0, b""),
+        (b'{"k": 1}\n{"k": "' + b"x" * 200_000, 200_007, b'{"k": 1}\n'),  # past the 64 KiB chunk
+    ]:
+        path.write_bytes(data)
+        assert cut_torn_tail(path) == cut, data[:20]
+        assert path.read_bytes() == after
+
+
+def test_a_line_over_max_line_bytes_is_refused_at_its_line(tmp_path):
+    path = tmp_path / "a.jsonl"
+    fits = b'{"k": "' + b"x" * 9 + b'"}'  # 18 bytes before its newline
+    path.write_bytes(fits + b"\n" + fits + b"x\n")
+    with pytest.raises(ValueError, match=r"a.jsonl:2: longer than 18 bytes \(read no further\)"):
+        list(iter_jsonl(path, max_line_bytes=18))
+    path.write_bytes(fits + b"\n" + fits)  # the last line, without a newline, at the limit
+    assert [n for n, _ in iter_jsonl(path, max_line_bytes=18)] == [1, 2]
