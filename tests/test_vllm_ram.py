@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,4 +242,5 @@ def test_a_vllm_engine_sweeps_at_start_and_names_its_weights_after_its_process(
         log = engine.servers[0].log_path
     finally:
         asyncio.run(engine.close())
+        shutil.rmtree(leftover, ignore_errors=True)
     assert not weights.exists() and not log.exists()

@@ -65,13 +65,10 @@ def ram_dir(purpose: str, root: Path | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=root or ram_root()))
 
 
-def owner_alive(name: str) -> bool | None:
-    """Whether the process a stamped directory `name` names still runs (None: not stamped)."""
+def owner(name: str) -> tuple[int, int] | None:
+    """The (pid, start) a directory's name is stamped with; None for a name of another form."""
     match = STAMPED.match(name)
-    if match is None:
-        return None
-    pid, start = int(match[1]), int(match[2])
-    return start_ticks(pid) == start
+    return None if match is None else (int(match[1]), int(match[2]))
 
 
 @dataclass
@@ -105,14 +102,15 @@ def sweep_ram_dirs(root: Path | None = None) -> Sweep:
         return sweep
     pids = set()
     for entry in entries:
-        if owner_alive(entry.name) is not False or not _mine_dir(entry):
-            continue
+        stamp = owner(entry.name)
+        if stamp is None or start_ticks(stamp[0]) == stamp[1] or not _mine_dir(entry):
+            continue  # not ours to judge, or its owner runs
         size = _tree_bytes(Path(entry.path))
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):
             sweep.removed += 1
             sweep.freed_bytes += size
-            pids.add(int(STAMPED.match(entry.name)[1]))  # type: ignore[index]
+            pids.add(stamp[0])
     sweep.pids = tuple(sorted(pids))
     return sweep
 

@@ -16,11 +16,11 @@ servers the user started (`base_urls`, never stopped by looprl).
 - **Weight sync.** `sync_weights(state, version)` writes the weights as safetensors into a new
   directory under a RAM-backed folder (`/dev/shm` when it exists), atomically (write, then
   rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older
-  weight directories.
+  weight directories. On GPUs vLLM's own weight-transfer API (NCCL) avoids the file: see
+  docs/scaling.md.
 - **RAM it leaves behind.** The weights folder and the model export (`owned_dirs`) are named
   after this process (`looprl.engines.ram_dirs`) and removed on close; if the process is killed
-  first, the servers' shims remove them, and else the next trainer or vLLM engine to start does. On GPUs vLLM's own weight-transfer API (NCCL) avoids the file: see
-  docs/scaling.md.
+  first, the servers' shims remove them, and else the next trainer or vLLM engine to start does.
 """
 
 from __future__ import annotations
