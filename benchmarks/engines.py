@@ -274,13 +274,14 @@ async def sync_seconds(
     """Seconds per weight sync: vLLM (write + reload, and the write alone), TorchEngine (copy)."""
     from safetensors.torch import save_file
 
-    from looprl.engines.vllm_engine import VLLMEngine, ram_dir
+    from looprl.engines.ram_dirs import ram_dir
+    from looprl.engines.vllm_engine import VLLMEngine
 
     state = subject.model.state_dict()
     copy = {k: v.detach().clone() for k, v in state.items()}
     vllm = VLLMEngine(None, subject.tokenizer, base_urls=[base_url])
     out: dict[str, list[float]] = {"vllm": [], "vllm write": [], "torch": []}
-    scratch = ram_dir("looprl-bench-")
+    scratch = ram_dir("bench")
     try:
         for _ in range(runs):
             t0 = time.perf_counter()

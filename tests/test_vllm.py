@@ -1,9 +1,9 @@
 """Training against a real vLLM server (the CPU build, in its own venv) on the tiny model.
 
 The trainer's weights reach the server after every step (the logprob gap stays at float32
-noise), a skipped sync shows up as a large gap, a SIGKILLed trainer leaves no vLLM process
-behind, and a server that dies is restarted with the current weights. Skipped when the vLLM
-venv is absent (`make test` builds it: `make vllm`).
+noise), a skipped sync shows up as a large gap, a SIGKILLed trainer leaves no vLLM process and
+nothing in RAM behind, and a server that dies is restarted with the current weights. Skipped
+when the vLLM venv is absent (`make test` builds it: `make vllm`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from looprl.engines.base import GenerationRequest
+from looprl.engines.ram_dirs import ram_root
 from looprl.types import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # skipped without the venv: conftest.py
@@ -117,9 +118,11 @@ def test_a_sigkilled_trainer_leaves_no_vllm_process(tmp_path) -> None:
     while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
         assert proc.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
         time.sleep(0.5)
-    groups = _server_groups("looprl-vllm-model-")
+    groups = _server_groups("-vllm-model-")
     members = [pid for pid, (g, _) in _processes().items() if g in groups]
     assert len(members) >= 2, "the run's vLLM server (shim, API server, engine) was not found"
+    owned = list(ram_root().glob(f"looprl-{proc.pid}-*"))
+    assert len(owned) == 2, owned  # the model export and the weights folder, named after it
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
@@ -130,6 +133,7 @@ def test_a_sigkilled_trainer_leaves_no_vllm_process(tmp_path) -> None:
     while left() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left(), [_processes().get(p) for p in left()]
+    assert not [p for p in owned if p.exists()]  # its shim removed them from RAM
 
 
 def test_async_one_step_ahead_against_vllm(server, tmp_path) -> None:
@@ -149,7 +153,7 @@ def test_eval_with_the_vllm_engine(tmp_path) -> None:
     assert meta["engine"] == "vllm" and meta["summary"]["episodes"] == 4
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert all(sum(r["trajectories"][0]["mask"]) > 0 for r in rows)  # sampled ids came back
-    assert not _server_groups("looprl-vllm-model-")  # the engine closed its server
+    assert not _server_groups("-vllm-model-")  # the engine closed its server
 
 
 def test_a_model_vllm_cannot_load_names_the_cause(tmp_path) -> None:

@@ -8,6 +8,7 @@ model named by `--model` first (or points at `--base-url`); `vllm_engine` is the
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -136,13 +137,19 @@ def vllm_engine(
     `model_dir`, or from `model` exported to RAM (its base weights; the export is removed when the
     engine closes). With `lora_rank` the servers take LoRA adapters of that rank after each step
     instead of full weights."""
-    from looprl.engines.vllm_engine import VLLMEngine, ram_dir
+    from looprl.engines.ram_dirs import ram_dir, sweep_and_report
+    from looprl.engines.vllm_engine import VLLMEngine
     from looprl.models.weights import save_base
 
+    sweep_and_report()  # RAM that killed runs left behind, before this one takes more
     owned = []
     if model is not None and model_dir is None and not engine.base_urls:
-        model_dir = ram_dir("looprl-vllm-model-")  # a fresh directory: no atomic export needed
-        save_base(model, tokenizer, model_dir)
+        model_dir = ram_dir("vllm-model")  # a fresh directory: no atomic export needed
+        try:
+            save_base(model, tokenizer, model_dir)
+        except BaseException:
+            shutil.rmtree(model_dir, ignore_errors=True)
+            raise
         owned.append(Path(model_dir))
     return VLLMEngine(
         model_dir, tokenizer, base_urls=engine.base_urls, num_servers=engine.num_servers,

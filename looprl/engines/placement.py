@@ -33,6 +33,7 @@ from torch import nn
 from looprl.engines.base import AdapterEngine, GenerationRequest, TrainableEngine
 from looprl.engines.config import EngineSection
 from looprl.engines.factory import make_trainable_engine, vllm_engine
+from looprl.engines.ram_dirs import sweep_and_report
 from looprl.models.weights import frozen_copy, lora_config, merged_weights
 from looprl.types import Generation
 
@@ -243,6 +244,8 @@ def make_placement(
         if lora is not None:
             return AdapterPlacement(served)
         return ServerPlacement(served, frozen_copy(model) if group is not None else None)
+    if group is None or group.is_main:
+        sweep_and_report()  # RAM that killed vLLM-backed runs left (vllm_engine sweeps too)
     own = lora is not None or generate_ahead or group is not None
     sampled = frozen_copy(model) if own else model
     torch_engine = make_trainable_engine(

@@ -18,6 +18,9 @@ servers the user started (`base_urls`, never stopped by looprl).
   rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older
   weight directories. On GPUs vLLM's own weight-transfer API (NCCL) avoids the file: see
   docs/scaling.md.
+- **RAM it leaves behind.** The weights folder and the model export (`owned_dirs`) are named
+  after this process (`looprl.engines.ram_dirs`) and removed on close; if the process is killed
+  first, the servers' shims remove them, and else the next trainer or vLLM engine to start does.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,14 +39,9 @@ from safetensors.torch import save_file
 from looprl.console import console
 from looprl.engines.base import GenerationRequest
 from looprl.engines.openai_engine import OpenAIEngine
+from looprl.engines.ram_dirs import ram_dir
 from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, VLLMServerError, reload_weights
 from looprl.types import Generation
-
-
-def ram_dir(prefix: str) -> Path:
-    """A fresh directory in RAM-backed storage (`/dev/shm`), else in the temp folder."""
-    shm = Path("/dev/shm")
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() else None))
 
 
 class VLLMEngine:
@@ -52,7 +49,8 @@ class VLLMEngine:
 
     `model_dir` is the Hugging Face directory the servers start from (needed unless `base_urls`
     are given); `tokenizer` decodes sampled ids for the parser; `max_concurrency` bounds the
-    requests in flight per server; `owned_dirs` are removed when the engine closes.
+    requests in flight per server; `owned_dirs` are removed when the engine closes (or fails to
+    start).
     """
 
     token_level = True
@@ -79,13 +77,16 @@ class VLLMEngine:
         self.served_name = served_name
         self.owned_dirs = list(owned_dirs or [])  # removed by close() (a model exported to RAM)
         self.policy_version = 0
+        self._weights_root = ram_dir("weights")
+        orphaned = (*self.owned_dirs, self._weights_root)  # the shims remove them if we die
         self.servers: list[VLLMServer] = []
         if base_urls:
             urls = list(base_urls)
         else:
             self.servers = [
                 VLLMServer(model_dir or "", max_model_len=max_model_len, seed=seed + i,
-                           startup_timeout=startup_timeout, extra_args=_lora_args(lora_rank))
+                           startup_timeout=startup_timeout, extra_args=_lora_args(lora_rank),
+                           remove_if_orphaned=orphaned)
                 for i in range(num_servers)
             ]  # fmt: skip
             urls = self._start_all()
@@ -94,7 +95,6 @@ class VLLMEngine:
                          max_concurrency=max_concurrency, seed=seed)
             for url in urls
         ]  # fmt: skip
-        self._weights_root = ram_dir("looprl-weights-")
         self._current: Path | None = None
         self._current_adapter: Path | None = None
         self.stats = {"failovers": 0, "restarts": 0, "syncs": 0}
@@ -108,6 +108,7 @@ class VLLMEngine:
                 urls.append(server.start())
         except BaseException:
             self._stop_servers()
+            self._remove_dirs()
             raise
         return urls
 
@@ -215,6 +216,10 @@ class VLLMEngine:
         for client in self.clients:
             await client.close()
         await asyncio.to_thread(self._stop_servers)
+        self._remove_dirs()
+
+    def _remove_dirs(self) -> None:
+        """Remove the weights folder and the directories this engine owns (from RAM)."""
         for path in [self._weights_root, *self.owned_dirs]:
             shutil.rmtree(path, ignore_errors=True)
 

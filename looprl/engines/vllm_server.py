@@ -4,7 +4,11 @@
 venv (`looprl.engines.vllm_venv`) on 127.0.0.1 and a free port, under `vllm_shim.py`: the
 server's whole process group dies with the trainer, even when the trainer is SIGKILLed. Start-up
 waits for `/health` and fails with one message naming the cause and the tail of the server log
-(a model vLLM cannot load, a port taken, a timeout). `reload_weights(dir)` swaps in new
+(a model vLLM cannot load, a port taken, a timeout). The log is a temporary file unless
+`log_path` names one: it is removed when the server stops cleanly, and kept (its path in the
+error) once the server failed to start, died, or failed a reload, since then its text is the
+evidence. Paths in `remove_if_orphaned` (the trainer's files in RAM) are removed by the shim
+when the trainer dies without stopping the server. `reload_weights(dir)` swaps in new
 safetensors weights through vLLM's `collective_rpc` (the dev-mode endpoint) and drops the
 prefix cache, whose keys and values belong to the old weights.
 
@@ -32,6 +36,7 @@ import httpx
 from looprl.engines.vllm_venv import VLLMSetupError, vllm_python
 
 SHIM = Path(__file__).with_name("vllm_shim.py")
+REMOVE_FLAG = "--remove-if-orphaned"  # vllm_shim.py's option
 SERVED_NAME = "policy"
 
 
@@ -69,7 +74,8 @@ class VLLMServer:
 
     `model_dir` is a Hugging Face model directory; `max_model_len` bounds prompt plus output;
     `startup_timeout` bounds the wait for `/health`; `log_path` receives the server's output
-    (default: a temporary file). Use it as a context manager or call `start()` and `stop()`.
+    (default: a temporary file, removed on a clean stop); `remove_if_orphaned` are removed by
+    the shim if this process dies first. Use it as a context manager or call `start()`/`stop()`.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class VLLMServer:
         kv_cache_gb: int = 1,
         log_path: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        remove_if_orphaned: tuple[Path, ...] = (),
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_model_len = max_model_len
@@ -90,8 +97,11 @@ class VLLMServer:
         self.port = port
         self.startup_timeout = startup_timeout
         self.kv_cache_gb = kv_cache_gb
+        self.own_log = log_path is None  # a temporary log: removed on a clean stop
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="looprl-vllm-", suffix=".log")[1])
         self.extra_args = extra_args
+        self.remove_if_orphaned = remove_if_orphaned
+        self.failed = False  # it failed to start, died or failed a reload: its log is kept
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
@@ -101,9 +111,11 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def command(self, python: Path) -> list[str]:
-        """The shim plus vLLM's command line."""
+        """The shim (with what it removes if this process dies) plus vLLM's command line."""
+        orphaned = [*self.remove_if_orphaned, *([self.log_path] if self._log_disposable() else [])]
         return [
-            str(python), str(SHIM), "--", str(python), "-m", "vllm.entrypoints.openai.api_server",
+            str(python), str(SHIM), *[a for p in orphaned for a in (REMOVE_FLAG, str(p))], "--",
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
             "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
@@ -116,6 +128,7 @@ class VLLMServer:
         try:
             python = vllm_python()
         except VLLMSetupError as exc:
+            self._drop_log()  # nothing was written to it
             raise VLLMServerError(str(exc)) from None
         for _attempt in range(3):
             explicit = self.port is not None
@@ -125,8 +138,10 @@ class VLLMServer:
                 self._wait_healthy()
                 return self.base_url
             except VLLMServerError as exc:
+                retry = not explicit and "address already in use" in str(exc).lower()
+                self.failed = self.failed or not retry
                 self.stop()
-                if explicit or "address already in use" not in str(exc).lower():
+                if not retry:
                     raise
                 self.port = None  # someone took the port first: try another
         raise VLLMServerError("three free ports were taken before vLLM could bind one")
@@ -186,32 +201,36 @@ class VLLMServer:
         try:
             reload_weights(self.base_url, weights_dir, timeout)
         except VLLMServerError as exc:
+            self.failed = True
             raise VLLMServerError(
                 f"{exc}; the end of its log {self.log_path}:\n{self.log_tail()}"
             ) from None
 
     def restart(self) -> str:
-        """Start a dead server again on the same model; returns its base URL."""
+        """Start a dead server again on the same model; returns its base URL (the log that says
+        why it died is kept)."""
+        self.failed = True
         self.stop()
         self.restarts += 1
         self.port = None
         return self.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server's whole process group: SIGTERM, then SIGKILL after `timeout` s."""
+        """Stop the server's whole process group: SIGTERM, then SIGKILL after `timeout` s; remove
+        its temporary log unless it failed."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        if proc is not None and proc.poll() is None:
+            _kill_group(proc, timeout)
+        elif proc is not None:
+            self.failed = True  # it had died on its own: its log says why
+        self._drop_log()
+
+    def _log_disposable(self) -> bool:
+        return self.own_log and not self.failed
+
+    def _drop_log(self) -> None:
+        if self._log_disposable():
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> VLLMServer:
         self.start()
@@ -224,3 +243,17 @@ class VLLMServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _kill_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM the process group of `proc`, then SIGKILL it if it still runs after `timeout` s."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
