@@ -239,7 +239,8 @@ class ToolEnv(Environment):
 
     The tools come from sources (`looprl.tools.source`): `tools`, Python functions, and `mcp`,
     the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields), which start
-    here and stop at `close()`, garbage collection or exit.
+    here and stop at `close()`, garbage collection or exit. `tool_timeout` bounds each call;
+    when `max_hung_tool_calls` sync calls hang past it at once, the run stops (`ToolsHung`).
     """
 
     def __init__(
@@ -249,6 +250,7 @@ class ToolEnv(Environment):
         mcp: Iterable[MCPServer | Mapping[str, Any]] | None = None,
         tool_timeout: float = 10.0,
         max_tool_result_chars: int = 4000,
+        max_hung_tool_calls: int = 256,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -261,8 +263,9 @@ class ToolEnv(Environment):
             self.close()
             raise
         self.executor = ToolExecutor(
-            self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars
-        )
+            self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars,
+            max_hung=max_hung_tool_calls,
+        )  # fmt: skip
 
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """The base state, plus what each tool source opens for the episode (MCP sessions)."""

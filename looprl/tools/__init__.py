@@ -16,6 +16,7 @@ from looprl.tools.executor import (
     ToolExecutor,
     ToolReply,
     ToolResult,
+    ToolsHung,
     count_tool_errors,
 )
 from looprl.tools.schema import Hidden, Tool, make_tool, make_tools, parse_docstring, tool_schema
@@ -41,6 +42,7 @@ __all__ = [
     "ToolReply",
     "ToolResult",
     "ToolSource",
+    "ToolsHung",
     "count_tool_errors",
     "make_tool",
     "make_tools",

@@ -8,7 +8,10 @@ Sync tools run on daemon threads owned by the executor (`looprl.tools.threads`),
 tool never blocks the event loop (other episodes keep sampling). A thread cannot be killed: a
 sync tool that overruns its timeout is answered with a `timeout` message at once, its thread is
 abandoned and replaced (the pool never starves), and it cannot keep the process alive at exit.
-The timeout runs from the moment the call starts, never while it waits for a thread.
+The timeout runs from the moment the call starts, never while it waits for a thread. As hung
+calls pile up the executor warns once at each quarter of `max_hung` (naming the tools that hang
+most); at `max_hung` it raises `ToolsHung`, which stops the run or evaluation with one line
+rather than let it go on with every sync tool answered `unavailable`.
 
 A call that overruns the executor's timeout is an *infrastructure* fault (`ToolResult.infra`):
 the tool, not the model's call, failed to answer. The environment records it on the episode,
@@ -32,7 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 import pydantic_core
+from rich.markup import escape
 
+from looprl.console import console
 from looprl.safe_json import clean_text
 from looprl.tools.schema import Tool, make_tool, make_tools
 from looprl.tools.threads import ToolThreads, ToolThreadsExhausted
@@ -65,6 +70,17 @@ the tool failed on the call, as a raising Python tool does (`exception`)."""
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
+HUNG_WARNINGS = (0.25, 0.5, 0.75)
+"""Fractions of `max_hung` at which the executor warns, once each."""
+
+
+class ToolsHung(RuntimeError):
+    """So many sync tool calls hang that no thread may run another: the run must stop.
+
+    Not a bad call of the model's: it escapes `ToolExecutor.run_one` and the episode, and stops
+    `looprl eval` and `looprl train` with its one-line message (finished work is kept for
+    `--resume`).
+    """
 
 
 @dataclass
@@ -73,8 +89,8 @@ class ToolResult:
 
     `error_kind` is None on success, else one of `ERROR_KINDS`. `truncated` is True when the
     content was cut to the executor's `max_result_chars`. `seconds` is the wall time of the call.
-    `infra` is True when the tool, not the model's call, failed (it hung past the timeout, or no
-    thread could be had): the episode is then recorded as an infrastructure fault.
+    `infra` is True when the tool, not the model's call, failed (it hung past the timeout, or raised
+    `ToolError(..., infra=True)`): the episode is then recorded as an infrastructure fault.
     """
 
     call_id: str
@@ -164,8 +180,8 @@ class ToolExecutor:
     `timeout` (seconds) bounds each call; `max_result_chars` bounds each tool message;
     `max_threads` bounds the sync calls running at once (asyncio's default pool has only
     cpu_count + 4 threads, too few when many episodes call slow tools at once); hung calls do
-    not count against it, and at most `max_hung` may hang at once (then calls of sync tools are
-    answered `unavailable`, an infrastructure fault, until some return).
+    not count against it. `warn` gets one line at each of `HUNG_WARNINGS` of `max_hung` hung
+    calls; the call that finds `max_hung` calls hanging raises `ToolsHung`.
     """
 
     def __init__(
@@ -176,6 +192,7 @@ class ToolExecutor:
         max_result_chars: int = 4000,
         max_threads: int = 32,
         max_hung: int = 256,
+        warn: Callable[[str], object] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"ToolExecutor timeout must be > 0 seconds, got {timeout}")
@@ -183,6 +200,8 @@ class ToolExecutor:
             raise ValueError(f"ToolExecutor max_result_chars must be >= 1, got {max_result_chars}")
         if max_threads < 1:
             raise ValueError(f"ToolExecutor max_threads must be >= 1, got {max_threads}")
+        if max_hung < 1:
+            raise ValueError(f"ToolExecutor max_hung must be >= 1, got {max_hung}")
         if isinstance(tools, Mapping):
             self.tools = _tools_from_mapping(tools)
         else:
@@ -191,7 +210,9 @@ class ToolExecutor:
         self.max_result_chars = max_result_chars
         self.max_threads = max_threads
         self.max_hung = max_hung
+        self.warn = warn or _print_warning
         self._pool: ToolThreads | None = None
+        self._warned: set[float] = set()
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -243,7 +264,10 @@ class ToolExecutor:
         return ToolResult(error.id, error.name, content, MALFORMED_JSON, 0.0, truncated)
 
     async def run_one(self, call: ToolCall, state: Mapping[str, Any]) -> ToolResult:
-        """Validate and run one call; every failure becomes a result with its error kind."""
+        """Validate and run one call; every failure becomes a result with its error kind.
+
+        Raises `ToolsHung` (not a failure of the call) when `max_hung` sync calls hang.
+        """
         start = time.perf_counter()
         kind: str | None = None
         infra = False
@@ -337,13 +361,14 @@ class ToolExecutor:
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         except ToolError as exc:
             raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
-        except _CallError:
+        except (_CallError, ToolsHung):
             raise
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         finally:
             if pool is not None and future is not None and not future.done():
                 pool.abandon(future)  # timed out or cancelled: free the thread's slot
+                self._warn_if_hanging(pool)
 
     def _submit(
         self, pool: ToolThreads, tool: Tool, kwargs: dict[str, Any]
@@ -353,12 +378,30 @@ class ToolExecutor:
         started = asyncio.Event()
         call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
         try:
-            future = pool.submit(call, on_start=lambda: loop.call_soon_threadsafe(started.set))
-        except ToolThreadsExhausted as exc:
-            raise _CallError(
-                UNAVAILABLE, f"tool {tool.name!r} could not run: {exc}", infra=True
+            future = pool.submit(
+                call, on_start=lambda: loop.call_soon_threadsafe(started.set), label=tool.name
+            )
+        except ToolThreadsExhausted:
+            raise ToolsHung(
+                f"{pool.abandoned} sync tool calls hang on their threads, the limit "
+                f"(max_hung_tool_calls={self.max_hung}); hanging: {_hanging(pool)} — make that "
+                f"tool return within tool_timeout ({self.timeout:g} s), make it async or run it "
+                "in a sandbox process, then rerun with --resume (finished work is kept)"
             ) from None
         return future, started
+
+    def _warn_if_hanging(self, pool: ToolThreads) -> None:
+        """One warning line the first time hung calls reach each of `HUNG_WARNINGS` of the limit."""
+        hung = pool.abandoned
+        crossed = [f for f in HUNG_WARNINGS if hung >= f * self.max_hung and f not in self._warned]
+        if not crossed:
+            return
+        self._warned.update(crossed)
+        self.warn(
+            f"{hung} of at most {self.max_hung} sync tool calls hang on their threads "
+            f"({_hanging(pool)}); at {self.max_hung} the run stops: make the tool return within "
+            f"tool_timeout ({self.timeout:g} s), make it async or run it in a sandbox process"
+        )
 
     def _timeout(self, tool: Tool) -> _CallError:
         return _CallError(
@@ -378,6 +421,18 @@ class ToolExecutor:
             f"{content[:limit]}\n[truncated: {len(content)} chars, showing the first {limit}]",
             True,
         )
+
+
+def _hanging(pool: ToolThreads) -> str:
+    """The tools whose calls hang, most first: `'lookup' 60, 'fetch' 4`."""
+    counts = pool.hung()
+    shown = ", ".join(f"{name!r} {n}" for name, n in list(counts.items())[:3])
+    return shown + (f" and {len(counts) - 3} more tools" if len(counts) > 3 else "")
+
+
+def _print_warning(message: str) -> None:
+    """The default `warn`: one yellow `warning:` line on the console."""
+    console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _tools_from_mapping(tools: Mapping[str, Tool | Callable[..., Any]]) -> dict[str, Tool]:
