@@ -280,6 +280,21 @@ def test_eval_stops_with_one_line_when_tools_hang_and_resumes(tmp_path) -> None:
     assert json.loads((out / "metadata.json").read_text())["status"] == "finished"
 
 
+def test_eval_with_killable_tools_answers_every_call_past_the_limit(tmp_path) -> None:
+    """The same run with tool_isolation="process": the hung calls are killed, so 16 of them
+    (4 episodes x 4 turns) pass the limit of 4 without a stop and every episode is written."""
+    out = tmp_path / "killed"
+    extra = ("--env.max_hung_tool_calls", "4", "--env.tool_isolation", "process")
+    with FakeOpenAIServer(script=_some_answer_then_all_hang(2)) as srv:
+        proc = _eval_hang(srv, out, *extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 4 of 6 episodes are infra errors
+    assert "FAILED: 4 of 6 episodes errored (4 infrastructure)" in proc.stdout
+    assert "hang on their threads" not in proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    assert sorted(r["tool_errors"].get("timeout", 0) for r in rows) == [0, 0, 4, 4, 4, 4]
+
+
 def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
     import looprl.eval.run
 

@@ -65,7 +65,7 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `looprl` command; returns the exit code (2 for a user mistake)."""
-    from looprl.tools.executor import ToolsHung
+    from looprl.tools.hung import ToolsHung
     from looprl.trainer.config import ConfigError
 
     try:

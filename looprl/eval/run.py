@@ -39,7 +39,7 @@ from looprl.rendering.formats import ParserName
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import check_template_choice, set_chat_template
 from looprl.rollout.loop import RolloutConfig
-from looprl.tools.executor import ToolsHung
+from looprl.tools.hung import ToolsHung
 from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
 Status = Literal["finished", "finished_with_errors", "failed"]

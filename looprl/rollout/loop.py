@@ -20,7 +20,7 @@ from looprl.rendering.parser import ParsedTurn, structured_call
 from looprl.rendering.reasoning import split_reasoning
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.transcript import MessageTranscript, TokenTranscript, Transcript
-from looprl.tools.executor import ToolsHung
+from looprl.tools.hung import ToolsHung
 from looprl.types import (
     EpisodeResult,
     Generation,

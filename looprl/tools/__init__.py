@@ -16,9 +16,9 @@ from looprl.tools.executor import (
     ToolExecutor,
     ToolReply,
     ToolResult,
-    ToolsHung,
     count_tool_errors,
 )
+from looprl.tools.hung import ToolsHung
 from looprl.tools.schema import Hidden, Tool, make_tool, make_tools, parse_docstring, tool_schema
 from looprl.tools.source import FunctionTools, ToolSource
 

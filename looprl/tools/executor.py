@@ -11,7 +11,9 @@ abandoned and replaced (the pool never starves), and it cannot keep the process 
 The timeout runs from the moment the call starts, never while it waits for a thread. As hung
 calls pile up the executor warns once at each quarter of `max_hung` (naming the tools that hang
 most); at `max_hung` it raises `ToolsHung`, which stops the run or evaluation with one line
-rather than let it go on with every sync tool answered `unavailable`.
+rather than let it go on with every sync tool answered `unavailable`. With
+`isolation="process"` a sync call runs in a forked child that is killed when it overruns, so
+hung calls never add up (`looprl.tools.forked` says what that costs).
 
 A call that overruns the executor's timeout is an *infrastructure* fault (`ToolResult.infra`):
 the tool, not the model's call, failed to answer. The environment records it on the episode,
@@ -31,14 +33,14 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import pydantic_core
-from rich.markup import escape
 
-from looprl.console import console
 from looprl.safe_json import clean_text
+from looprl.tools.forked import call_in_child
+from looprl.tools.hung import HungWatch, ToolsHung
 from looprl.tools.schema import Tool, make_tool, make_tools
 from looprl.tools.threads import ToolThreads, ToolThreadsExhausted
 from looprl.types import Message, ToolCall, ToolOutcome
@@ -70,17 +72,9 @@ the tool failed on the call, as a raising Python tool does (`exception`)."""
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
-HUNG_WARNINGS = (0.25, 0.5, 0.75)
-"""Fractions of `max_hung` at which the executor warns, once each."""
-
-
-class ToolsHung(RuntimeError):
-    """So many sync tool calls hang that no thread may run another: the run must stop.
-
-    Not a bad call of the model's: it escapes `ToolExecutor.run_one` and the episode, and stops
-    `looprl eval` and `looprl train` with its one-line message (finished work is kept for
-    `--resume`).
-    """
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+"""Where sync tools run: daemon threads (abandoned when hung), or a forked child per call (killed)."""
 
 
 @dataclass
@@ -180,8 +174,10 @@ class ToolExecutor:
     `timeout` (seconds) bounds each call; `max_result_chars` bounds each tool message;
     `max_threads` bounds the sync calls running at once (asyncio's default pool has only
     cpu_count + 4 threads, too few when many episodes call slow tools at once); hung calls do
-    not count against it. `warn` gets one line at each of `HUNG_WARNINGS` of `max_hung` hung
-    calls; the call that finds `max_hung` calls hanging raises `ToolsHung`.
+    not count against it. `warn` gets one line at each of `looprl.tools.hung.HUNG_WARNINGS` of
+    `max_hung` hung calls; the call that finds `max_hung` calls hanging raises `ToolsHung`. With
+    `isolation="process"` each sync call runs in a forked child instead, killed when it
+    overruns (`looprl.tools.forked`: no call ever hangs, but its side effects stay in the child).
     """
 
     def __init__(
@@ -193,6 +189,7 @@ class ToolExecutor:
         max_threads: int = 32,
         max_hung: int = 256,
         warn: Callable[[str], object] | None = None,
+        isolation: Isolation = "thread",
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"ToolExecutor timeout must be > 0 seconds, got {timeout}")
@@ -202,6 +199,10 @@ class ToolExecutor:
             raise ValueError(f"ToolExecutor max_threads must be >= 1, got {max_threads}")
         if max_hung < 1:
             raise ValueError(f"ToolExecutor max_hung must be >= 1, got {max_hung}")
+        if isolation not in ISOLATIONS:
+            raise ValueError(
+                f"unknown tool isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}"
+            )
         if isinstance(tools, Mapping):
             self.tools = _tools_from_mapping(tools)
         else:
@@ -210,9 +211,9 @@ class ToolExecutor:
         self.max_result_chars = max_result_chars
         self.max_threads = max_threads
         self.max_hung = max_hung
-        self.warn = warn or _print_warning
+        self.isolation = isolation
         self._pool: ToolThreads | None = None
-        self._warned: set[float] = set()
+        self._watch = HungWatch(max_hung, timeout, warn)
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -350,6 +351,9 @@ class ToolExecutor:
             if tool.is_async:
                 async with asyncio.timeout(self.timeout) as deadline:
                     return await tool.fn(**kwargs)
+            if self.isolation == "process":  # killed, not abandoned, when it overruns
+                async with asyncio.timeout(self.timeout) as deadline:
+                    return await call_in_child(tool.fn, kwargs)
             pool = self._threads()
             future, started = self._submit(pool, tool, kwargs)
             await started.wait()
@@ -368,7 +372,7 @@ class ToolExecutor:
         finally:
             if pool is not None and future is not None and not future.done():
                 pool.abandon(future)  # timed out or cancelled: free the thread's slot
-                self._warn_if_hanging(pool)
+                self._watch.check(pool)
 
     def _submit(
         self, pool: ToolThreads, tool: Tool, kwargs: dict[str, Any]
@@ -382,26 +386,8 @@ class ToolExecutor:
                 call, on_start=lambda: loop.call_soon_threadsafe(started.set), label=tool.name
             )
         except ToolThreadsExhausted:
-            raise ToolsHung(
-                f"{pool.abandoned} sync tool calls hang on their threads, the limit "
-                f"(max_hung_tool_calls={self.max_hung}); hanging: {_hanging(pool)} — make that "
-                f"tool return within tool_timeout ({self.timeout:g} s), make it async or run it "
-                "in a sandbox process, then rerun with --resume (finished work is kept)"
-            ) from None
+            raise self._watch.stop(pool) from None
         return future, started
-
-    def _warn_if_hanging(self, pool: ToolThreads) -> None:
-        """One warning line the first time hung calls reach each of `HUNG_WARNINGS` of the limit."""
-        hung = pool.abandoned
-        crossed = [f for f in HUNG_WARNINGS if hung >= f * self.max_hung and f not in self._warned]
-        if not crossed:
-            return
-        self._warned.update(crossed)
-        self.warn(
-            f"{hung} of at most {self.max_hung} sync tool calls hang on their threads "
-            f"({_hanging(pool)}); at {self.max_hung} the run stops: make the tool return within "
-            f"tool_timeout ({self.timeout:g} s), make it async or run it in a sandbox process"
-        )
 
     def _timeout(self, tool: Tool) -> _CallError:
         return _CallError(
@@ -421,18 +407,6 @@ class ToolExecutor:
             f"{content[:limit]}\n[truncated: {len(content)} chars, showing the first {limit}]",
             True,
         )
-
-
-def _hanging(pool: ToolThreads) -> str:
-    """The tools whose calls hang, most first: `'lookup' 60, 'fetch' 4`."""
-    counts = pool.hung()
-    shown = ", ".join(f"{name!r} {n}" for name, n in list(counts.items())[:3])
-    return shown + (f" and {len(counts) - 3} more tools" if len(counts) > 3 else "")
-
-
-def _print_warning(message: str) -> None:
-    """The default `warn`: one yellow `warning:` line on the console."""
-    console.print(f"[yellow]warning:[/yellow] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _tools_from_mapping(tools: Mapping[str, Tool | Callable[..., Any]]) -> dict[str, Tool]:

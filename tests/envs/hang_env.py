@@ -22,7 +22,10 @@ def hang(seconds: float) -> str:
 
 
 def load_environment(
-    tool_timeout: float = 0.3, max_hung_tool_calls: int = 256, **kwargs: Any
+    tool_timeout: float = 0.3,
+    max_hung_tool_calls: int = 256,
+    tool_isolation: Any = "thread",
+    **kwargs: Any,
 ) -> ToolEnv:
     """Calculator tasks and rubric; tools `calculate` and `hang` (which hangs)."""
     calc = load_calculator(**kwargs)
@@ -36,4 +39,5 @@ def load_environment(
         system_prompt=calc.system_prompt,
         tool_timeout=tool_timeout,
         max_hung_tool_calls=max_hung_tool_calls,
+        tool_isolation=tool_isolation,
     )
