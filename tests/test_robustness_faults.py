@@ -25,7 +25,7 @@ from looprl.eval.summary import error_headline, summarize
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import run_group
 from looprl.testing.fake_openai import FakeOpenAIServer, FakeReply
-from looprl.tools import TIMEOUT, UNAVAILABLE, ToolExecutor
+from looprl.tools import MALFORMED_JSON, TIMEOUT, ToolExecutor, ToolsHung
 from looprl.tools.threads import ToolThreads
 from looprl.types import ToolCall
 
@@ -78,14 +78,24 @@ async def test_hung_sync_calls_do_not_starve_other_tools() -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_too_many_hung_calls_is_unavailable_not_a_timeout() -> None:
+async def test_hung_calls_warn_at_each_quarter_then_stop_the_run() -> None:
+    """max_hung=4: a warning naming the tool at 1, 2 and 3 hung calls, once each; the next call
+    of any sync tool raises ToolsHung naming the tool and the fix (not `unavailable`)."""
     RELEASE.clear()
-    ex = ToolExecutor([stuck, add], timeout=0.1, max_threads=2, max_hung=3)
+    warnings: list[str] = []
+    ex = ToolExecutor([stuck, add], timeout=0.1, max_threads=2, max_hung=4, warn=warnings.append)
     try:
-        await ex.run([call("stuck", i, seconds=1) for i in range(3)], {})
-        (r,) = await ex.run([call("add", 0, a=1, b=2)], {})
-        assert (r.error_kind, r.infra) == (UNAVAILABLE, True)
-        assert "3 tool calls are hung" in r.content and "sandbox" in r.content
+        for i in range(4):  # one by one: each timeout abandons one more thread
+            await ex.run([call("stuck", i, seconds=1)], {})
+        assert [w.split(" of at most")[0] for w in warnings] == ["1", "2", "3"]
+        assert all("'stuck'" in w and "tool_timeout (0.1 s)" in w for w in warnings)
+        with pytest.raises(ToolsHung) as caught:
+            await ex.run([call("add", 0, a=1, b=2)], {})
+        message = str(caught.value)
+        assert "\n" not in message and "4 sync tool calls hang" in message
+        assert "hanging: 'stuck' 4" in message and "max_hung_tool_calls=4" in message
+        assert "--resume" in message
+        assert len(warnings) == 3  # once per threshold
     finally:
         RELEASE.set()
         ex.close()
@@ -222,6 +232,69 @@ async def test_prompt_without_room_to_generate_is_not_scored(tiny_tokenizer) -> 
     assert summary["scored_episodes"] == 0 and summary["rollout_errors"] == 1
 
 
+def _some_answer_then_all_hang(answered: int):
+    """A fake-server script: the first `answered` episodes answer at once, the rest call `hang`
+    on every turn."""
+    lock, firsts = threading.Lock(), [0]
+
+    def script(req):
+        if not any(m["role"] == "tool" for m in req["messages"]):
+            with lock:
+                firsts[0] += 1
+                if firsts[0] <= answered:
+                    return FakeReply(text="The answer is 4.")
+        return FakeReply(tool_calls=[{"name": "hang", "arguments": {"seconds": 1}}])
+
+    return script
+
+
+def _eval_hang(srv, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "looprl.cli.main", "eval", HANG_ENV, "--base-url", srv.base_url]
+    cmd += ["--model", "fake-model", "-n", "6", "-r", "1", "--output", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_eval_stops_with_one_line_when_tools_hang_and_resumes(tmp_path) -> None:
+    """max_hung_tool_calls=4: 2 episodes answer, 4 hang their tool: a warning per quarter, then
+    the evaluation stops with one line and exit 1; --resume keeps the 2 and runs the other 4."""
+    out = tmp_path / "hung"
+    limit = ("--env.max_hung_tool_calls", "4")
+    with FakeOpenAIServer(script=_some_answer_then_all_hang(2)) as srv:
+        proc = _eval_hang(srv, out, *limit)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "RuntimeWarning" not in x]  # runpy's
+    assert line.startswith("error: 4 sync tool calls hang on their threads") and "'hang' 4" in line
+    assert "--resume" in line
+    warned = [w for w in proc.stdout.splitlines() if w.startswith("warning:")]
+    assert [w.split()[1] for w in warned] == ["1", "2", "3"] and all("'hang'" in w for w in warned)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "failed" and meta["error"] == line.removeprefix("error: ")
+    kept = (out / "results.jsonl").read_text().splitlines()
+    assert len(kept) == 2  # the episodes that finished before the stop
+    with FakeOpenAIServer(script=_some_answer_then_all_hang(6)) as srv:
+        proc = _eval_hang(srv, out, *limit, "--resume")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = (out / "results.jsonl").read_text().splitlines()
+    assert rows[:2] == kept and len(rows) == 6
+    assert json.loads((out / "metadata.json").read_text())["status"] == "finished"
+
+
+def test_eval_with_killable_tools_answers_every_call_past_the_limit(tmp_path) -> None:
+    """The same run with tool_isolation="process": the hung calls are killed, so 16 of them
+    (4 episodes x 4 turns) pass the limit of 4 without a stop and every episode is written."""
+    out = tmp_path / "killed"
+    extra = ("--env.max_hung_tool_calls", "4", "--env.tool_isolation", "process")
+    with FakeOpenAIServer(script=_some_answer_then_all_hang(2)) as srv:
+        proc = _eval_hang(srv, out, *extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 4 of 6 episodes are infra errors
+    assert "FAILED: 4 of 6 episodes errored (4 infrastructure)" in proc.stdout
+    assert "hang on their threads" not in proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6
+    assert sorted(r["tool_errors"].get("timeout", 0) for r in rows) == [0, 0, 4, 4, 4, 4]
+
+
 def test_eval_that_crashes_says_so_in_metadata(tmp_path, monkeypatch) -> None:
     import looprl.eval.run
 
@@ -245,6 +318,63 @@ def test_server_tool_calls_get_the_strict_json_rules() -> None:
         assert c.arguments == {} and c.raw == args  # not passed on to the tool; kept verbatim
     ok = _parse_tool_call({"function": {"name": "calculate", "arguments": '{"x": "1"}'}}, 0)
     assert ok.arguments == {"x": "1"}
+
+
+def lookup(x: int = 5) -> str:
+    """Look up x.
+
+    Args:
+        x: what to look up.
+    """
+    return f"found {x}"
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        ('{"x": 1,', "Expecting property name enclosed in double quotes: line 1 column 9"),
+        ("not json", "Expecting value: line 1 column 1 (char 0)"),
+        ("[1]", "an array"),
+    ],
+)
+async def test_server_tool_calls_with_bad_json_are_malformed_not_run(arguments, expected) -> None:
+    """A structured call whose `arguments` string is not a JSON object is answered
+    `malformed_json` with the parser's message; the tool never runs with its defaults."""
+    result = await _one_structured_call(arguments)
+    assert result.tool_errors == {MALFORMED_JSON: 1}
+    tool_message = result.messages[-2]  # then the closing answer
+    assert tool_message.role == "tool" and expected in tool_message.content
+    assert "found" not in tool_message.content
+    assert result.messages[-3].tool_calls[0].raw == arguments  # the call the model wrote is kept
+
+
+async def test_server_tool_calls_with_empty_object_run_with_defaults() -> None:
+    result = await _one_structured_call("{}")
+    assert result.tool_errors == {}
+    assert result.messages[-2].content == "found 5"
+
+
+async def _one_structured_call(arguments: str):
+    """One episode on a fake server: call `lookup` with `arguments` verbatim, then answer."""
+    from looprl import Rubric, ToolEnv
+    from looprl.engines.openai_engine import OpenAIEngine
+    from looprl.rollout.loop import rollout
+    from looprl.types import Message, Task
+
+    def script(req):
+        if any(m["role"] == "tool" for m in req["messages"]):
+            return FakeReply(text="done")
+        return FakeReply(tool_calls=[{"name": "lookup", "arguments": arguments}])
+
+    env = ToolEnv(name="lookup", tools=[lookup], rubric=Rubric([]))
+    task = Task(id="t", prompt=[Message(role="user", content="look up")])
+    with FakeOpenAIServer(script=script) as srv:
+        engine = OpenAIEngine(srv.base_url, "fake-model", backoff=0.01)
+        try:
+            return await rollout(env, engine, task, renderer=None)
+        finally:
+            await engine.close()
+            env.executor.close()
 
 
 def test_a_burst_of_sync_calls_gets_a_thread_each() -> None:

@@ -65,6 +65,7 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `looprl` command; returns the exit code (2 for a user mistake)."""
+    from looprl.tools.hung import ToolsHung
     from looprl.trainer.config import ConfigError
 
     try:
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
+    except ToolsHung as exc:  # the run stopped by design: one line, finished work is kept
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (UsageError, ConfigError) as exc:
         if os.environ.get("LOOPRL_DEBUG"):
             traceback.print_exc()

@@ -20,7 +20,7 @@ from looprl.mcp import MCPServer, MCPTools
 from looprl.rendering.formats import get_parser
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
-from looprl.tools.executor import ToolExecutor, count_tool_errors
+from looprl.tools.executor import Isolation, ToolExecutor, count_tool_errors
 from looprl.tools.schema import make_tools
 from looprl.tools.source import FunctionTools, ToolSource
 from looprl.types import Message, Task, ToolOutcome
@@ -239,7 +239,10 @@ class ToolEnv(Environment):
 
     The tools come from sources (`looprl.tools.source`): `tools`, Python functions, and `mcp`,
     the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields), which start
-    here and stop at `close()`, garbage collection or exit.
+    here and stop at `close()`, garbage collection or exit. `tool_timeout` bounds each call;
+    when `max_hung_tool_calls` sync calls hang past it at once, the run stops (`ToolsHung`).
+    `tool_isolation="process"` runs each sync call in a forked child, killed when it overruns
+    (for tools that may hang and keep no state: `looprl.tools.forked`).
     """
 
     def __init__(
@@ -249,6 +252,8 @@ class ToolEnv(Environment):
         mcp: Iterable[MCPServer | Mapping[str, Any]] | None = None,
         tool_timeout: float = 10.0,
         max_tool_result_chars: int = 4000,
+        max_hung_tool_calls: int = 256,
+        tool_isolation: Isolation = "thread",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -261,8 +266,9 @@ class ToolEnv(Environment):
             self.close()
             raise
         self.executor = ToolExecutor(
-            self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars
-        )
+            self.tools, timeout=tool_timeout, max_result_chars=max_tool_result_chars,
+            max_hung=max_hung_tool_calls, isolation=tool_isolation,
+        )  # fmt: skip
 
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """The base state, plus what each tool source opens for the episode (MCP sessions)."""

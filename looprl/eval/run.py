@@ -39,6 +39,7 @@ from looprl.rendering.formats import ParserName
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import check_template_choice, set_chat_template
 from looprl.rollout.loop import RolloutConfig
+from looprl.tools.hung import ToolsHung
 from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
 Status = Literal["finished", "finished_with_errors", "failed"]
@@ -100,11 +101,8 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
             max_concurrent_groups=job.max_concurrent_groups, on_group=job.on_group,
         )  # fmt: skip
     except BaseException as exc:  # Ctrl-C or a bug: say so in the metadata, keep the results
-        # under asyncio.run, Ctrl-C reaches the running evaluation as a cancellation
-        stopped = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
         metadata.update(
-            status="interrupted" if stopped else "crashed",
-            error="interrupted (Ctrl-C)" if stopped else f"{type(exc).__name__}: {exc}",
+            _stopped_by(exc),
             resume_hint="finished groups are kept in results.jsonl; rerun with --resume",
         )
         _write(job, metadata)
@@ -121,6 +119,16 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
         record = {"status": status, "seconds": seconds, **summary}
         write_text_atomically(job.output / "summary.json", safe_json.dumps(record, indent=2))
     return EvalOutcome(episodes, summary, seconds, status, headline, skipped)
+
+
+def _stopped_by(exc: BaseException) -> dict[str, str]:
+    """The metadata `status` and `error` of an evaluation that `exc` stopped."""
+    # under asyncio.run, Ctrl-C reaches the running evaluation as a cancellation
+    if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        return {"status": "interrupted", "error": "interrupted (Ctrl-C)"}
+    if isinstance(exc, ToolsHung):  # a stop by design, with its own one-line message
+        return {"status": "failed", "error": str(exc)}
+    return {"status": "crashed", "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _write(job: EvalJob, metadata: dict[str, Any]) -> None:

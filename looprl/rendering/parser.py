@@ -280,6 +280,18 @@ def call_from_object(
     return ToolCall(name=name, arguments=args, id=call_id, raw=raw)
 
 
+def structured_call(call: ToolCall) -> ToolCall | ParseError:
+    """A call an engine returned as data (OpenAI `tool_calls`), checked as a text call is.
+
+    An engine keeps arguments that are not a JSON object verbatim in `raw` (with `{}` as
+    `arguments`); such a call becomes the `ParseError` a text call with those arguments gets
+    (the JSON parser's message included), so the tool never runs with its defaults.
+    """
+    if not call.raw:
+        return call
+    return call_from_object({"name": call.name, "arguments": call.raw}, call.raw, call.id)
+
+
 def strict_loads(text: str) -> Any:
     """Parse tool-call JSON that a tool may safely receive and a results file may safely hold.
 

@@ -16,11 +16,20 @@ from typing import Any
 
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment, Limits, StepOutcome
-from looprl.rendering.parser import ParsedTurn
+from looprl.rendering.parser import ParsedTurn, structured_call
 from looprl.rendering.reasoning import split_reasoning
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.transcript import MessageTranscript, TokenTranscript, Transcript
-from looprl.types import EpisodeResult, Generation, Message, SamplingParams, StopReason, Task
+from looprl.tools.hung import ToolsHung
+from looprl.types import (
+    EpisodeResult,
+    Generation,
+    Message,
+    SamplingParams,
+    StopReason,
+    Task,
+    ToolCall,
+)
 
 
 @dataclass
@@ -48,7 +57,10 @@ async def rollout(
     config: RolloutConfig | None = None,
     rollout_index: int = 0,
 ) -> EpisodeResult:
-    """Run one episode and return its (unscored) result; never raises for engine or env failures."""
+    """Run one episode and return its (unscored) result; never raises for engine or env failures.
+
+    The one exception is `ToolsHung`: with no thread left for a sync tool, the run must stop.
+    """
     config = config or RolloutConfig()
     env = env.for_task(task)  # a mixture hands each task to its own environment
     result = EpisodeResult(task=task, messages=list(task.prompt), rollout_index=rollout_index)
@@ -69,6 +81,8 @@ async def rollout(
             infra=f"the environment (set-up, tools, feedback) took longer than its timeout of "
             f"{env.limits.timeout_s} s in this episode",
         )
+    except ToolsHung:
+        raise  # no thread is left for any tool: the run stops, not this episode alone
     except Exception as exc:  # an environment bug must not take the batch down
         _stop(result, "error", error=f"{type(exc).__name__}: {exc}")
     finally:
@@ -147,11 +161,11 @@ async def _episode_loop(
             return _stop(result, "error", infra=f"engine: {gen.error}")
         text = transcript.add_sampled(gen, turn)
         parsed = _parse(env, transcript, text)
-        # message-level engines return structured calls besides the text
-        parsed.calls = parsed.calls + gen.tool_calls
+        calls = parsed.calls + gen.tool_calls  # message-level engines return structured calls
+        _add_structured(parsed, gen.tool_calls)
         result.messages.append(
             Message(
-                role="assistant", content=parsed.content, tool_calls=parsed.calls, raw=text,
+                role="assistant", content=parsed.content, tool_calls=calls, raw=text,
                 reasoning_content=parsed.reasoning,
             )
         )  # fmt: skip
@@ -180,6 +194,15 @@ def _parse(env: Environment, transcript: Transcript, text: str) -> ParsedTurn:
     parsed = env.parser.parse(rest)
     parsed.reasoning = reasoning
     return parsed
+
+
+def _add_structured(parsed: ParsedTurn, calls: list[ToolCall]) -> None:
+    """Add an engine's structured calls to the turn: valid ones as calls, the rest as errors."""
+    for item in map(structured_call, calls):
+        if isinstance(item, ToolCall):
+            parsed.calls.append(item)
+        else:
+            parsed.errors.append(item)
 
 
 def _stop(

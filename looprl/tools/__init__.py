@@ -18,6 +18,7 @@ from looprl.tools.executor import (
     ToolResult,
     count_tool_errors,
 )
+from looprl.tools.hung import ToolsHung
 from looprl.tools.schema import Hidden, Tool, make_tool, make_tools, parse_docstring, tool_schema
 from looprl.tools.source import FunctionTools, ToolSource
 
@@ -41,6 +42,7 @@ __all__ = [
     "ToolReply",
     "ToolResult",
     "ToolSource",
+    "ToolsHung",
     "count_tool_errors",
     "make_tool",
     "make_tools",

@@ -8,7 +8,12 @@ Sync tools run on daemon threads owned by the executor (`looprl.tools.threads`),
 tool never blocks the event loop (other episodes keep sampling). A thread cannot be killed: a
 sync tool that overruns its timeout is answered with a `timeout` message at once, its thread is
 abandoned and replaced (the pool never starves), and it cannot keep the process alive at exit.
-The timeout runs from the moment the call starts, never while it waits for a thread.
+The timeout runs from the moment the call starts, never while it waits for a thread. As hung
+calls pile up the executor warns once at each quarter of `max_hung` (naming the tools that hang
+most); at `max_hung` it raises `ToolsHung`, which stops the run or evaluation with one line
+rather than let it go on with every sync tool answered `unavailable`. With
+`isolation="process"` a sync call runs in a forked child that is killed when it overruns, so
+hung calls never add up (`looprl.tools.forked` says what that costs).
 
 A call that overruns the executor's timeout is an *infrastructure* fault (`ToolResult.infra`):
 the tool, not the model's call, failed to answer. The environment records it on the episode,
@@ -28,12 +33,14 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import pydantic_core
 
 from looprl.safe_json import clean_text
+from looprl.tools.forked import call_in_child
+from looprl.tools.hung import HungWatch, ToolsHung
 from looprl.tools.schema import Tool, make_tool, make_tools
 from looprl.tools.threads import ToolThreads, ToolThreadsExhausted
 from looprl.types import Message, ToolCall, ToolOutcome
@@ -65,6 +72,9 @@ the tool failed on the call, as a raising Python tool does (`exception`)."""
 TRUNCATED = "truncated"
 """Counter name for results cut to `max_result_chars` (not an error kind)."""
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*")
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+"""Where sync tools run: daemon threads (abandoned when hung), or a forked child per call (killed)."""
 
 
 @dataclass
@@ -73,8 +83,8 @@ class ToolResult:
 
     `error_kind` is None on success, else one of `ERROR_KINDS`. `truncated` is True when the
     content was cut to the executor's `max_result_chars`. `seconds` is the wall time of the call.
-    `infra` is True when the tool, not the model's call, failed (it hung past the timeout, or no
-    thread could be had): the episode is then recorded as an infrastructure fault.
+    `infra` is True when the tool, not the model's call, failed (it hung past the timeout, or raised
+    `ToolError(..., infra=True)`): the episode is then recorded as an infrastructure fault.
     """
 
     call_id: str
@@ -164,8 +174,10 @@ class ToolExecutor:
     `timeout` (seconds) bounds each call; `max_result_chars` bounds each tool message;
     `max_threads` bounds the sync calls running at once (asyncio's default pool has only
     cpu_count + 4 threads, too few when many episodes call slow tools at once); hung calls do
-    not count against it, and at most `max_hung` may hang at once (then calls of sync tools are
-    answered `unavailable`, an infrastructure fault, until some return).
+    not count against it. `warn` gets one line at each of `looprl.tools.hung.HUNG_WARNINGS` of
+    `max_hung` hung calls; the call that finds `max_hung` calls hanging raises `ToolsHung`. With
+    `isolation="process"` each sync call runs in a forked child instead, killed when it
+    overruns (`looprl.tools.forked`: no call ever hangs, but its side effects stay in the child).
     """
 
     def __init__(
@@ -176,6 +188,8 @@ class ToolExecutor:
         max_result_chars: int = 4000,
         max_threads: int = 32,
         max_hung: int = 256,
+        warn: Callable[[str], object] | None = None,
+        isolation: Isolation = "thread",
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"ToolExecutor timeout must be > 0 seconds, got {timeout}")
@@ -183,6 +197,12 @@ class ToolExecutor:
             raise ValueError(f"ToolExecutor max_result_chars must be >= 1, got {max_result_chars}")
         if max_threads < 1:
             raise ValueError(f"ToolExecutor max_threads must be >= 1, got {max_threads}")
+        if max_hung < 1:
+            raise ValueError(f"ToolExecutor max_hung must be >= 1, got {max_hung}")
+        if isolation not in ISOLATIONS:
+            raise ValueError(
+                f"unknown tool isolation {isolation!r}; choose one of {', '.join(ISOLATIONS)}"
+            )
         if isinstance(tools, Mapping):
             self.tools = _tools_from_mapping(tools)
         else:
@@ -191,7 +211,9 @@ class ToolExecutor:
         self.max_result_chars = max_result_chars
         self.max_threads = max_threads
         self.max_hung = max_hung
+        self.isolation = isolation
         self._pool: ToolThreads | None = None
+        self._watch = HungWatch(max_hung, timeout, warn)
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
@@ -243,7 +265,10 @@ class ToolExecutor:
         return ToolResult(error.id, error.name, content, MALFORMED_JSON, 0.0, truncated)
 
     async def run_one(self, call: ToolCall, state: Mapping[str, Any]) -> ToolResult:
-        """Validate and run one call; every failure becomes a result with its error kind."""
+        """Validate and run one call; every failure becomes a result with its error kind.
+
+        Raises `ToolsHung` (not a failure of the call) when `max_hung` sync calls hang.
+        """
         start = time.perf_counter()
         kind: str | None = None
         infra = False
@@ -326,6 +351,9 @@ class ToolExecutor:
             if tool.is_async:
                 async with asyncio.timeout(self.timeout) as deadline:
                     return await tool.fn(**kwargs)
+            if self.isolation == "process":  # killed, not abandoned, when it overruns
+                async with asyncio.timeout(self.timeout) as deadline:
+                    return await call_in_child(tool.fn, kwargs)
             pool = self._threads()
             future, started = self._submit(pool, tool, kwargs)
             await started.wait()
@@ -337,13 +365,14 @@ class ToolExecutor:
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         except ToolError as exc:
             raise _CallError(exc.kind, str(exc), infra=exc.infra) from None
-        except _CallError:
+        except (_CallError, ToolsHung):
             raise
         except (Exception, SystemExit) as exc:  # the tool's own failure, reported to the model
             raise _CallError(EXCEPTION, _exception_text(exc)) from None
         finally:
             if pool is not None and future is not None and not future.done():
                 pool.abandon(future)  # timed out or cancelled: free the thread's slot
+                self._watch.check(pool)
 
     def _submit(
         self, pool: ToolThreads, tool: Tool, kwargs: dict[str, Any]
@@ -353,11 +382,11 @@ class ToolExecutor:
         started = asyncio.Event()
         call = functools.partial(contextvars.copy_context().run, tool.fn, **kwargs)
         try:
-            future = pool.submit(call, on_start=lambda: loop.call_soon_threadsafe(started.set))
-        except ToolThreadsExhausted as exc:
-            raise _CallError(
-                UNAVAILABLE, f"tool {tool.name!r} could not run: {exc}", infra=True
-            ) from None
+            future = pool.submit(
+                call, on_start=lambda: loop.call_soon_threadsafe(started.set), label=tool.name
+            )
+        except ToolThreadsExhausted:
+            raise self._watch.stop(pool) from None
         return future, started
 
     def _timeout(self, tool: Tool) -> _CallError:

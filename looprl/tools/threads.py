@@ -8,13 +8,14 @@ that overruns keeps its thread, so a few hung calls starve every later call of e
 fired, or its episode was cancelled) calls `abandon`: the thread stops counting against
 `max_threads`, a fresh thread takes the next call, and the abandoned one exits when (if ever)
 its call returns. At most `max_abandoned` calls may hang at once; past that, `submit` refuses
-new work with `ToolThreadsExhausted`, since threads are not free (each holds a stack).
+new work with `ToolThreadsExhausted`, since threads are not free (each holds a stack). Each call
+carries a `label` (the executor gives the tool's name), so `hung` says which tools hang.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -44,7 +45,8 @@ class ToolThreads:
         self._idle = 0  # live workers waiting for work
         self._live = 0  # workers not abandoned (busy or idle)
         self._running: dict[Future[Any], threading.Thread] = {}
-        self._abandoned: set[threading.Thread] = set()
+        self._abandoned: dict[threading.Thread, str] = {}  # thread -> label of its hung call
+        self._labels: dict[Future[Any], str] = {}
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._count = 0
@@ -55,8 +57,14 @@ class ToolThreads:
         with self._lock:
             return len(self._abandoned)
 
+    def hung(self) -> dict[str, int]:
+        """Abandoned calls still running, counted by label, most first."""
+        with self._lock:
+            counts = Counter(self._abandoned.values())
+        return dict(counts.most_common())
+
     def submit(
-        self, fn: Callable[[], Any], on_start: Callable[[], object] | None = None
+        self, fn: Callable[[], Any], on_start: Callable[[], object] | None = None, label: str = ""
     ) -> Future[Any]:
         """Queue `fn()` for a thread; the future holds its result or exception."""
         future: Future[Any] = Future()
@@ -70,6 +78,7 @@ class ToolThreads:
                     "it in a sandbox process"
                 )
             self._queue.append(_Job(fn, future, on_start))
+            self._labels[future] = label
             # an idle worker counts as idle until it wakes: a burst of calls needs more workers
             # than the idle ones, not one notify per call to the same sleeping worker
             if len(self._queue) > self._idle and self._live < self.max_threads:
@@ -83,9 +92,10 @@ class ToolThreads:
             return
         with self._lock:
             thread = self._running.pop(future, None)
+            label = self._labels.pop(future, "")
             if thread is None:
                 return  # it finished meanwhile
-            self._abandoned.add(thread)
+            self._abandoned[thread] = label
             self._live -= 1
             if self._queue and not self._idle and self._live < self.max_threads:
                 self._start_worker()
@@ -95,7 +105,9 @@ class ToolThreads:
         with self._lock:
             self._closed = True
             while self._queue:
-                self._queue.popleft().future.cancel()
+                future = self._queue.popleft().future
+                future.cancel()
+                self._labels.pop(future, None)
             self._wake.notify_all()
 
     def _start_worker(self) -> None:
@@ -118,14 +130,16 @@ class ToolThreads:
                     return
                 job = self._queue.popleft()
                 if not job.future.set_running_or_notify_cancel():
+                    self._labels.pop(job.future, None)
                     continue
                 self._running[job.future] = me
             job.run()
             with self._lock:
                 if me in self._abandoned:
-                    self._abandoned.discard(me)
+                    del self._abandoned[me]
                     return  # a fresh worker took this one's place
                 self._running.pop(job.future, None)
+                self._labels.pop(job.future, None)
 
 
 class _Job:

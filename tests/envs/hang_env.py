@@ -21,7 +21,12 @@ def hang(seconds: float) -> str:
     return "unreachable"
 
 
-def load_environment(tool_timeout: float = 0.3, **kwargs: Any) -> ToolEnv:
+def load_environment(
+    tool_timeout: float = 0.3,
+    max_hung_tool_calls: int = 256,
+    tool_isolation: Any = "thread",
+    **kwargs: Any,
+) -> ToolEnv:
     """Calculator tasks and rubric; tools `calculate` and `hang` (which hangs)."""
     calc = load_calculator(**kwargs)
     return ToolEnv(
@@ -33,4 +38,6 @@ def load_environment(tool_timeout: float = 0.3, **kwargs: Any) -> ToolEnv:
         limits=calc.limits,
         system_prompt=calc.system_prompt,
         tool_timeout=tool_timeout,
+        max_hung_tool_calls=max_hung_tool_calls,
+        tool_isolation=tool_isolation,
     )
