@@ -74,11 +74,19 @@ def wait_gone(pid: int, seconds: float = 15.0) -> bool:
 @pytest.fixture(scope="module")
 def http_url(tmp_path_factory) -> Iterator[str]:
     """The test server over streamable HTTP on a free 127.0.0.1 port, stopped after the module."""
+    with http_server(tmp_path_factory.mktemp("mcp")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def http_server(folder: Path, *args: str) -> Iterator[str]:
+    """The test server over streamable HTTP on a free 127.0.0.1 port while in the block."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = (tmp_path_factory.mktemp("mcp") / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=log, stderr=log)
+    log = (folder / "server.log").open("w")
+    command = [sys.executable, SERVER, "--http", str(port), *args]
+    proc = subprocess.Popen(command, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -186,7 +194,7 @@ def test_server_tools_get_the_schema_a_python_tool_gets(stdio_tools: MCPTools) -
         return a + b
 
     tools = {t.name: t for t in stdio_tools.tools}
-    assert set(tools) == {"add", "remember", "recall", "norm", "fail", "sleep"}
+    assert set(tools) == {"add", "remember", "recall", "norm", "fail", "sleep", "crash", "big"}
     assert tools["add"].schema == make_tool(add).schema
     assert tools["add"].signature == "add(a: integer, b: integer = 0)"
     assert tools["norm"].schema["function"]["parameters"]["properties"]["point"]["properties"] == {
@@ -343,7 +351,7 @@ def test_no_orphan_server_after_ctrl_c_or_kill(tmp_path: Path, how: str) -> None
 
 
 @pytest.mark.slow
-def test_two_training_steps_with_an_mcp_backed_environment(tmp_path: Path) -> None:
+def test_two_training_steps_with_an_mcp_backed_environment(tmp_path: Path, capsys) -> None:
     from looprl.trainer.config import load_config
     from looprl.trainer.trainer import Trainer
 
@@ -356,12 +364,26 @@ def test_two_training_steps_with_an_mcp_backed_environment(tmp_path: Path) -> No
         "run.output_dir": str(tmp_path), "run.name": "mcp", "run.tensorboard": False,
     })  # fmt: skip
     trainer = Trainer(cfg)
+    sync, first = trainer._sync, []
+
+    def sync_then_kill_the_server(version: int) -> dict[str, float]:
+        """After step 1 the server dies, as a crashed one would."""
+        if version == 1:
+            first.append(int(pid_file.read_text()))
+            os.kill(first[0], signal.SIGKILL)
+            assert wait_gone(first[0])
+        return sync(version)
+
+    trainer._sync = sync_then_kill_the_server  # type: ignore[method-assign]
     try:
         trainer.run()
         names = {s["function"]["name"] for s in trainer.env.tool_schemas}
         assert {"notes_add", "notes_remember"} <= names  # offered to the model next to its own
         rows = (tmp_path / "mcp" / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(row)["step"] for row in rows] == [1, 2]
+        printed = " ".join(capsys.readouterr().out.split())
+        assert printed.count("exited (code -9); restarted") == 1  # before step 2, not again
+        assert int(pid_file.read_text()) != first[0]
     finally:
         trainer.env.close()
     assert wait_gone(int(pid_file.read_text()))
@@ -376,3 +398,146 @@ def test_the_docs_example_runs() -> None:
     with contextlib.redirect_stdout(printed), contextlib.chdir(ROOT):
         exec(code.group(1).replace('"python"', repr(sys.executable)), {})
     assert "'notes_add', 'notes_remember'" in printed.getvalue()
+
+
+BIG_SERVER = str(Path(__file__).parent / "mcp_servers" / "big_reply_server.py")
+
+
+def _run_batch(env: ToolEnv, script: list[str], rollouts: int = 2):
+    """One batch as the trainer and `looprl eval` run it: `run_groups`, which first checks the
+    environment's servers (`ensure_alive`)."""
+    import asyncio
+
+    from looprl.engines.scripted import ScriptedEngine
+    from looprl.rollout.loop import run_groups
+
+    engine = ScriptedEngine(script)
+    groups = asyncio.run(run_groups(env, engine, [(TASK, list(range(rollouts)))], renderer=None))
+    return groups[0]
+
+
+def test_an_exited_server_is_restarted_before_the_next_batch(tmp_path: Path, capsys) -> None:
+    pid_file = tmp_path / "pid"
+    env = ToolEnv(name="n", mcp=[stdio("--pid-file", str(pid_file))], rubric=Rubric([]))
+    try:
+        first = int(pid_file.read_text())
+        batch = _run_batch(env, [call("crash", code=3), "done"])  # the server exits mid-batch
+        for ep in batch:  # the calls in flight when it died: infra, never the model's fault
+            assert ep.tool_outcomes[0].error_kind == UNAVAILABLE and ep.tool_outcomes[0].infra
+            assert ep.errors[0]["kind"] == "infra"
+        assert wait_gone(first)
+        assert "restarted" not in capsys.readouterr().out
+        batch = _run_batch(env, [call("add", a=1, b=2), "done"])
+        assert [ep.messages[2].content for ep in batch] == ["3", "3"]
+        assert all(not ep.errors and ep.tool_errors == {} for ep in batch)
+        printed = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+        label = f"{sys.executable} {SERVER} --pid-file {pid_file}"
+        line = f"MCP server '{label}' exited (code 3, stderr ends: crashing on purpose with code 3); restarted"
+        assert line in printed
+        second = int(pid_file.read_text())
+        assert second != first and alive(second)
+    finally:
+        env.close()
+    assert wait_gone(second)
+
+
+@pytest.mark.slow
+def test_a_server_that_keeps_exiting_stops_the_run_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from looprl.mcp import tools as mcp_tools
+
+    monkeypatch.setattr(mcp_tools, "MAX_RESTARTS", 1)
+    pid_file = tmp_path / "pid"
+    env = ToolEnv(name="n", mcp=[stdio("--pid-file", str(pid_file))], rubric=Rubric([]))
+    try:
+        _run(env, [call("crash", code=4), "done"])
+        asyncio.run(env.ensure_alive())  # restart 1 of 1
+        asyncio.run(env.ensure_alive())  # found alive: the count starts again
+        _run(env, [call("crash", code=4), "done"])
+        asyncio.run(env.ensure_alive())  # restart 1 of 1 again
+        _run(env, [call("crash", code=5), "done"])
+        with pytest.raises(SystemExit) as stop:
+            asyncio.run(env.ensure_alive())
+        message = str(stop.value.code)
+        assert message.startswith("error: MCP server ") and "\n" not in message
+        assert (
+            "exited (code 5, stderr ends: crashing on purpose with code 5) after 1 restarts "
+            "in a row, so the run stops" in message
+        )
+        ep = _run(env, [call("add", a=1), "done"])  # no server now: infra, not the model's fault
+        assert ep.tool_outcomes[0].error_kind == UNAVAILABLE and ep.tool_outcomes[0].infra
+    finally:
+        env.close()
+    assert wait_gone(int(pid_file.read_text()))
+
+
+def test_an_oversized_reply_is_dropped_unread_and_other_calls_answer() -> None:
+    env = ToolEnv(name="big", mcp=[MCPServer(command=[sys.executable, BIG_SERVER])],
+                  rubric=Rubric([]), tool_timeout=30)  # fmt: skip
+    try:
+        start = time.monotonic()
+        ep = _run(env, [call("big") + call("add", a=1, b=2), call("add", a=2, b=2), "done"])
+        seconds = time.monotonic() - start
+        big, small, later = (m.content for m in ep.messages if m.role == "tool")
+        assert big == (
+            "Error: the reply was over 4194304 bytes (the server's max_reply_bytes), so it was "
+            "dropped unread; ask for less"
+        )
+        assert ep.tool_outcomes[0].error_kind == MCP_ERROR and not ep.tool_outcomes[0].infra
+        assert (small, later) == ("3", "4") and not ep.errors
+        assert seconds < 5, seconds  # 50 MB drained, never parsed (the SDK's reader: minutes)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("body", ["events", "json"])
+def test_an_oversized_reply_over_http_is_an_mcp_error(
+    http_url: str, tmp_path: Path, body: str
+) -> None:
+    with contextlib.ExitStack() as stack:
+        url = http_url if body == "events" else stack.enter_context(
+            http_server(tmp_path, "--json-response")
+        )  # fmt: skip
+        env = ToolEnv(name="big", mcp=[MCPServer(url=url, max_reply_bytes=100_000)],
+                      rubric=Rubric([]), tool_timeout=30)  # fmt: skip
+        stack.callback(env.close)
+        script = [
+            call("big", megabytes=0.2) + call("big", megabytes=0.03),
+            call("add", a=1),
+            "done",
+        ]
+        ep = _run(env, script)
+        big, fits, later = (m.content for m in ep.messages if m.role == "tool")
+        assert big == (
+            "Error: the reply was over 100000 bytes (the server's max_reply_bytes), so it was "
+            "dropped unread; ask for less"
+        )
+        assert fits == "x" * 4000 + "\n[truncated: 30000 chars, showing the first 4000]"
+        assert ep.tool_outcomes[0].error_kind == MCP_ERROR and not ep.errors and later == "1"
+
+
+def test_reply_id_is_the_top_level_one() -> None:
+    from looprl.mcp.stdio import reply_id
+
+    assert reply_id(b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"text":"xx') == 7
+    assert reply_id(b'{"result":{"id":1,"text":"{\\"id\\": 2"},"id":"r-9","jsonrpc"') == "r-9"
+    assert reply_id(b'{"jsonrpc":"2.0","result":{"id":1,"content":"xxxx') is None
+
+
+def test_a_dangling_ref_refuses_the_tool_with_one_line(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    server = stdio("--dangling-ref", "--pid-file", str(pid_file))
+    with pytest.raises(ValueError) as refused:
+        MCPTools([server])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"MCP tool 'norm' of '{server.label}': its input schema refers to "
+                              "'#/$defs/Missing', which is not among its $defs ['Point']")  # fmt: skip
+    assert message.endswith("leave the tool out with MCPServer(tools=[...the others])")
+    assert wait_gone(int(pid_file.read_text()))
+    keep = stdio("--dangling-ref", tools=["add"])
+    with MCPTools([keep]) as tools:  # the fix the message names
+        assert [t.name for t in tools.tools] == ["add"]

@@ -6,7 +6,8 @@ The hooks, all async, are:
 - `setup_state(task)`: per-episode state; values here reach hidden tool arguments;
 - `env_response(messages, state)`: the environment's answer to the last assistant turn (tool
   results, a game's feedback, a simulated user); an empty list ends the episode;
-- `cleanup_state(state)`: release per-episode resources.
+- `cleanup_state(state)`: release per-episode resources;
+- `ensure_alive()`: restart what the run holds that died (an MCP server); run before each batch.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ class Environment:
         """Release what the environment holds for the whole run (MCP servers); the trainer and
         `looprl eval` call it on every exit path. A no-op here; safe to call twice."""
 
+    async def ensure_alive(self) -> None:
+        """Restart what the environment holds for the run that died (a crashed MCP server); the
+        rollout calls it before each batch of episodes. A no-op here."""
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
         """Per-episode state; keys here fill hidden tool arguments. Override to add resources."""
         return {"task": task}
@@ -281,6 +286,11 @@ class ToolEnv(Environment):
         """Release what the tool sources opened for the episode."""
         for source in self.sources:
             await source.close_episode(state)
+
+    async def ensure_alive(self) -> None:
+        """Have each tool source restart what died since the last batch (an exited MCP server)."""
+        for source in self.sources:
+            await source.ensure_alive()
 
     def close(self) -> None:
         """Release what the tool sources hold for the run (stop MCP servers)."""

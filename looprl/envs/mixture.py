@@ -89,6 +89,11 @@ class MixtureEnv(looprl.Environment):
             )
         return env
 
+    async def ensure_alive(self) -> None:
+        """Have every member restart what died since the last batch."""
+        for env in self.envs.values():
+            await env.ensure_alive()
+
     def close(self) -> None:
         """Close every member environment."""
         for env in self.envs.values():

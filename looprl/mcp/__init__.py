@@ -6,7 +6,11 @@ and turns each into a looprl `Tool`: its schema is the server's input schema in 
 checked against that schema by the executor (so a bad call gets the usual `missing_argument`,
 `unexpected_argument` or `invalid_argument`), and it runs as an async tool under the executor's
 timeout and size cap. An error result from the server (`isError`) or a JSON-RPC error is the
-model-visible kind `mcp_error`; a server that is gone is `unavailable`, an infrastructure fault.
+model-visible kind `mcp_error`, and so is a reply over `MCPServer.max_reply_bytes`, which is
+dropped as it is read (`looprl.mcp.stdio`, `looprl.mcp.http`); a server that is gone is
+`unavailable`, an infrastructure fault. A stdio server that exited is restarted before the next
+batch of episodes (`MCPTools.ensure_alive`, which `run_groups` calls), at most `MAX_RESTARTS`
+times in a row.
 
 The client sessions live on one event loop in a daemon thread owned by `MCPTools`, so they
 outlive any one `asyncio.run` (the trainer and `looprl eval` each run their own) and calls from

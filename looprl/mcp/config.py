@@ -36,6 +36,9 @@ class MCPServer:
     """A fresh session (a fresh process, for stdio) per episode instead of one per environment."""
     start_timeout: float = 60.0
     """Seconds a server may take to start and list its tools."""
+    max_reply_bytes: int = 4 * 1024 * 1024
+    """Bytes one reply may have; a longer one is dropped unread and the call answered `mcp_error`.
+    4 MiB is 1,000 times what a tool message shows by default (`max_tool_result_chars`, 4000)."""
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):
@@ -55,6 +58,10 @@ class MCPServer:
             )
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"MCPServer url must start with http:// or https://, got {self.url!r}")
+        if self.max_reply_bytes < 1024:
+            raise ValueError(
+                f"MCPServer max_reply_bytes must be >= 1024, got {self.max_reply_bytes}"
+            )
         if self.start_timeout <= 0:
             raise ValueError(
                 f"MCPServer start_timeout must be > 0 seconds, got {self.start_timeout}"

@@ -12,9 +12,11 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from looprl.mcp.config import MCPServer
+from looprl.mcp.stdio import StdioProcess, stdio_transport, too_large_message
 from looprl.tools.executor import MCP_ERROR, UNAVAILABLE, ToolError
 
-_CLOSE_TIMEOUT = 15.0  # the SDK's stdio shutdown is bounded: 2 s for EOF, 2 s after SIGTERM
+_CLOSE_TIMEOUT = 15.0  # the stdio shutdown is bounded: 2 s for EOF, 2 s after SIGTERM
+_SSE_TOO_LARGE = "byte limit"  # in httpx2's SSEError for an event over max_sse_event_size
 _T = TypeVar("_T")
 
 
@@ -118,6 +120,7 @@ class Session:
         self.owner = owner
         self.session: Any = None
         self.specs: list[Any] = []
+        self.process: StdioProcess | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         stderr = tempfile.TemporaryFile("w+") if server.command is not None else None  # noqa: SIM115
@@ -148,23 +151,23 @@ class Session:
 
     async def _transport(self, stack: contextlib.AsyncExitStack) -> tuple[Any, Any]:
         """Enter the transport on `stack`: spawn a stdio server or open an HTTP client."""
-        from mcp import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
         server = self.server
         if server.command is not None:
-            params = StdioServerParameters(
-                command=server.command[0], args=server.command[1:], env=server.env or None,
-                cwd=server.cwd,
-            )  # fmt: skip
-            return await stack.enter_async_context(stdio_client(params, errlog=self._stderr))  # type: ignore[arg-type]
-        client = None
-        if server.headers:
-            from mcp.shared._httpx_utils import create_mcp_http_client
+            read, write, self.process = await stack.enter_async_context(
+                stdio_transport(server, self._stderr)
+            )
+            return read, write
+        from looprl.mcp.http import http_client
 
-            client = await stack.enter_async_context(create_mcp_http_client(dict(server.headers)))
+        client = await stack.enter_async_context(
+            http_client(server.headers, server.max_reply_bytes)
+        )
         return await stack.enter_async_context(
-            streamable_http_client(str(server.url), http_client=client)
+            streamable_http_client(
+                str(server.url), http_client=client, max_sse_event_size=server.max_reply_bytes
+            )
         )
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
@@ -204,12 +207,30 @@ class Session:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(task, _CLOSE_TIMEOUT)
 
-    def _stderr_tail(self, lines: int = 15) -> str:
+    def _stderr_lines(self, lines: int) -> list[str]:
+        """The last `lines` non-empty lines the server wrote to stderr."""
         if self._stderr is None:
-            return ""
+            return []
         self._stderr.seek(0)
-        tail = self._stderr.read().strip().splitlines()[-lines:]
+        return [line for line in self._stderr.read().splitlines() if line.strip()][-lines:]
+
+    def _stderr_tail(self, lines: int = 15) -> str:
+        tail = self._stderr_lines(lines)
         return ("\nits stderr ends with:\n" + "\n".join(tail)) if tail else ""
+
+    @property
+    def exited(self) -> bool:
+        """A stdio server whose stdout has ended: it exited (or crashed) since it started."""
+        return self.process is not None and self.process.ended
+
+    async def close_exited(self) -> str:
+        """Close the session of an exited server; returns how it ended, on one line."""
+        await self._end()  # reaps the process: its exit code is known after this
+        code = self.process.returncode if self.process is not None else None
+        tail = " | ".join(line.strip() for line in self._stderr_lines(3))
+        await self.close()
+        note = f"code {code}" + (f", stderr ends: {tail}" if tail else "")
+        return note if len(note) <= 300 else note[:297] + "..."
 
     async def call(self, name: str, arguments: dict[str, Any]) -> str:
         """Call a tool; an error result or JSON-RPC error is `mcp_error`, a lost server `unavailable`."""
@@ -223,6 +244,11 @@ class Session:
         try:
             result = await session.call_tool(name, arguments)
         except MCPError as exc:
+            too_large = too_large_message(self.server.max_reply_bytes)
+            if too_large in exc.message or (
+                exc.code == CONNECTION_CLOSED and _SSE_TOO_LARGE in exc.message
+            ):  # a JSON body (looprl.mcp.http) or an event (the SDK's cap) over max_reply_bytes
+                raise ToolError(too_large, kind=MCP_ERROR) from None
             if exc.code == CONNECTION_CLOSED:
                 raise ToolError(f"{gone} ({exc.message})", kind=UNAVAILABLE, infra=True) from None
             raise ToolError(exc.message, kind=MCP_ERROR) from None

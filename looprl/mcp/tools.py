@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import weakref
 from collections.abc import Iterable, Mapping
@@ -9,14 +10,19 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, TypeAdapter
 from pydantic_core import PydanticCustomError
+from rich.markup import escape
 
+from looprl.console import console
 from looprl.mcp.config import MCPServer, require_sdk
-from looprl.mcp.session import Loop, Session, close_all, open_all
+from looprl.mcp.session import Loop, MCPStartError, Session, close_all, open_all
 from looprl.tools.schema import Param, Tool, clean_schema, object_schema
 
 EPISODE_KEY = "mcp_sessions"
 """Episode-state key of the per-episode sessions (`MCPTools.open_episode`)."""
 _HIDDEN = "looprl_mcp_sessions"  # the hidden parameter that receives state[EPISODE_KEY]
+MAX_RESTARTS = 3
+"""Restarts of one stdio server in a row (no check finding it alive between) before
+`MCPTools.ensure_alive` gives up: a server that dies on every step will not be fixed by a fourth."""
 
 
 def mcp_tool_schema(
@@ -53,6 +59,30 @@ def _validator(prop: Mapping[str, Any], defs: Mapping[str, Any], where: str) -> 
         return value
 
     return TypeAdapter(Annotated[Any, AfterValidator(check)])
+
+
+def check_refs(input_schema: Mapping[str, Any], where: str) -> None:
+    """Refuse (ValueError, one line) a `$ref` that is not `#/$defs/NAME` with NAME defined."""
+    defs = input_schema.get("$defs", {})
+    stack: list[Any] = [input_schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if ref is not None and not (
+                isinstance(ref, str)
+                and ref.startswith("#/$defs/")
+                and ref.removeprefix("#/$defs/") in defs
+            ):
+                raise ValueError(
+                    f"{where}: its input schema refers to {ref!r}, which is not among its $defs "
+                    f"{sorted(defs)} (looprl resolves '#/$defs/NAME' only), so the tool cannot be "
+                    "offered — fix the server's schema, or leave the tool out with "
+                    "MCPServer(tools=[...the others])"
+                )
+            stack.extend(node.values())
 
 
 def _type_name(prop: Mapping[str, Any]) -> str:
@@ -103,6 +133,8 @@ class MCPTools:
         self._loop = Loop()
         self._finalizer = weakref.finalize(self, self._loop.close)  # also runs at exit
         self._shared: dict[int, Session] = {}
+        self._restarts: dict[int, int] = {}  # server index -> restarts in a row
+        self._reviving = asyncio.Lock()  # used on the MCP loop only
         try:
             specs = self._loop.submit(self._start()).result()
             self.tools = self._build(specs)
@@ -147,7 +179,9 @@ class MCPTools:
         server = self.servers[index]
         name = server.prefix + spec.name
         schema = dict(spec.input_schema or {})
-        params, shown = mcp_params(schema, f"MCP tool {name!r} of {server.label!r}")
+        where = f"MCP tool {name!r} of {server.label!r}"
+        check_refs(schema, where)
+        params, shown = mcp_params(schema, where)
         if _HIDDEN in params:
             raise ValueError(
                 f"MCP tool {name!r} has a parameter named {_HIDDEN!r}, which looprl reserves"
@@ -180,6 +214,51 @@ class MCPTools:
         sessions = {i: Session(s, self._loop) for i, s in enumerate(self.servers) if s.per_episode}
         await open_all(list(sessions.values()))
         return sessions
+
+    async def ensure_alive(self) -> None:
+        """Restart each shared stdio server that exited since the last check; print one line each.
+
+        Calls that were in flight when it died were answered `unavailable` (an infra fault). Stops
+        the run (SystemExit, one line) when a server has exited after `MAX_RESTARTS` restarts in
+        a row, or cannot start again. Per-episode servers start afresh anyway; an HTTP server is
+        the user's to run.
+        """
+        if self.closed:
+            return
+        restarted, fatal = await self._loop.run(self._revive())
+        for line in restarted:
+            console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
+        if fatal:
+            raise SystemExit(fatal)
+
+    async def _revive(self) -> tuple[list[str], str | None]:
+        """On the MCP loop: close and reopen the exited sessions; (lines to print, fatal error)."""
+        restarted: list[str] = []
+        async with self._reviving:  # a second caller finds the fresh session alive
+            for i, session in list(self._shared.items()):
+                if not session.exited:
+                    self._restarts[i] = 0
+                    continue
+                label = session.server.label
+                note = await session.close_exited()
+                if self._restarts.get(i, 0) >= MAX_RESTARTS:
+                    return restarted, (
+                        f"error: MCP server {label!r} exited ({note}) after {MAX_RESTARTS} restarts "
+                        "in a row, so the run stops — run its command by hand to see why, and fix it"
+                    )
+                fresh = Session(session.server, self._loop)
+                try:
+                    await fresh.open()
+                except MCPStartError as exc:
+                    reason = str(exc).splitlines()[0].split("failed to start: ", 1)[-1]
+                    return restarted, (
+                        f"error: MCP server {label!r} exited ({note}) and did not start again: "
+                        f"{reason} — run its command by hand to see why, and fix it"
+                    )
+                self._shared[i] = fresh
+                self._restarts[i] = self._restarts.get(i, 0) + 1
+                restarted.append(f"MCP server {label!r} exited ({note}); restarted")
+        return restarted, None
 
     async def close_episode(self, state: Mapping[str, Any]) -> None:
         """Close the sessions `open_episode` put in `state` (a no-op when there are none)."""

@@ -292,7 +292,9 @@ async def run_groups(
     """Run many groups concurrently; `groups` pairs each task with the rollout indices to run.
 
     `on_group` is called as each group finishes (used to stream results to disk and progress).
+    First the environment restarts what died since the last batch (`Environment.ensure_alive`).
     """
+    await env.ensure_alive()
     sem = asyncio.Semaphore(max_concurrent_groups)
 
     async def one(task: Task, indices: list[int]) -> list[EpisodeResult]:

@@ -4,7 +4,8 @@ A source offers `tools` and may hold resources: for the whole run (started when 
 built, stopped by `close()`) and per episode (`open_episode()` returns entries for the episode
 state, where hidden tool arguments read them; `close_episode(state)` releases them). Two kinds
 exist: `FunctionTools`, Python functions, which hold nothing, and `looprl.mcp.MCPTools`, the
-tools of MCP servers, which start with it and may open a session per episode.
+tools of MCP servers, which start with it and may open a session per episode. Before each batch
+of episodes (a training step, an evaluation) `ensure_alive()` restarts what died since the last.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class ToolSource(Protocol):
         """Release what `open_episode` put in `state`."""
         ...
 
+    async def ensure_alive(self) -> None:
+        """Restart the run's resources that died since the last call (a crashed server); the
+        rollout calls it before each batch of episodes. Raises SystemExit when it cannot."""
+        ...
+
     def close(self) -> None:
         """Release the run's resources; safe to call twice."""
         ...
@@ -46,6 +52,9 @@ class FunctionTools:
 
     async def close_episode(self, state: Mapping[str, Any]) -> None:
         """Nothing to release."""
+
+    async def ensure_alive(self) -> None:
+        """Nothing can die."""
 
     def close(self) -> None:
         """Nothing to release."""
