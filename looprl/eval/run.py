@@ -42,6 +42,8 @@ from looprl.rollout.loop import RolloutConfig
 from looprl.types import EpisodeResult, Message, SamplingParams, Task
 
 Status = Literal["finished", "finished_with_errors", "failed"]
+UNSCORED = "no episode could be scored"
+"""How the headline of an evaluation that scored nothing begins (`verdict`)."""
 
 
 @dataclass
@@ -113,14 +115,32 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
         episodes, rollouts_per_task=job.rollouts_per_task, generate_seconds=seconds,
         pass_threshold=job.pass_threshold,
     )  # fmt: skip
-    headline, failed = error_headline(summary)
-    status: Status = "failed" if failed else "finished_with_errors" if headline else "finished"
+    status, headline = verdict(summary, episodes)
     metadata.update(status=status, summary=summary, seconds=seconds)
     _write(job, metadata)
     if job.output is not None:  # for scripts: the printed summary, the status, the time
         record = {"status": status, "seconds": seconds, **summary}
         write_text_atomically(job.output / "summary.json", safe_json.dumps(record, indent=2))
     return EvalOutcome(episodes, summary, seconds, status, headline, skipped)
+
+
+def verdict(summary: Summary, episodes: list[EpisodeResult]) -> tuple[Status, str]:
+    """(status, headline) of a finished evaluation: `failed` when at least half the episodes
+    errored (`error_headline`) or when none could be scored (`unscored`), else
+    `finished_with_errors` when any errored, else `finished`."""
+    headline, failed = error_headline(summary)
+    if not failed and unscored(summary):
+        counts = (
+            [f"{summary['rollout_errors']} rollout errors"] if summary["rollout_errors"] else []
+        )
+        counts.append(f"{summary['scoring_errors']} scoring errors")
+        return "failed", (f"{UNSCORED}: {', '.join(counts)}, first: {first_error(episodes)}")
+    return ("failed" if failed else "finished_with_errors" if headline else "finished"), headline
+
+
+def unscored(summary: Summary) -> bool:
+    """Whether episodes ran and none of them could be scored."""
+    return summary["episodes"] > 0 and summary["scored_episodes"] == 0
 
 
 def _write(job: EvalJob, metadata: dict[str, Any]) -> None:
