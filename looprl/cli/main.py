@@ -3,7 +3,8 @@
 Each command lives in its own module (`cli_eval`, `cli_train`, `cli_env`) and registers itself
 here. A user mistake anywhere is a `UsageError` (or a `ConfigError`): `main` prints one line,
 `error: <what> — <the fix>`, on stderr and returns 2; `LOOPRL_DEBUG=1` adds the traceback.
-Ctrl-C prints one line, `interrupted: <what was kept> — <how to resume>` (an `Interrupted`
+A disk that takes no more data (full, over quota, read-only) is one line naming the file and
+the fix, exit 1 (`looprl.files.writing` names the path at each writer). Ctrl-C prints one line, `interrupted: <what was kept> — <how to resume>` (an `Interrupted`
 raised by the command, `looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
 of stdout that goes away (`| head`) ends the command quietly with 0. Anything else is a bug and
 keeps its traceback (exit 1). A command's function takes `(args, dotted)`: `dotted` holds its
@@ -20,6 +21,7 @@ from typing import Any, NoReturn
 
 from looprl.cli.eval import parse_overrides
 from looprl.cli.fields import Interrupted, UsageError, did_you_mean, usage_error
+from looprl.files import write_fault_line
 
 __all__ = ["main", "parse_overrides", "split_dotted"]
 
@@ -67,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `looprl` command; returns the exit code (2 for a user mistake)."""
     from looprl.trainer.config import ConfigError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        code = _dispatch(argv)
         sys.stdout.flush()  # a reader gone (`| head`) shows here, not at interpreter exit
         return code
     except BrokenPipeError:
@@ -88,11 +91,25 @@ def main(argv: list[str] | None = None) -> int:
             exc = usage_error(str(exc), "see looprl config show for every field")
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a disk that takes no more data: one line naming the file
+        line = write_fault_line(exc, _go_on(argv))
+        if line is None:
+            raise  # anything else is a bug, with its traceback
+        if os.environ.get("LOOPRL_DEBUG"):
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return 1
     except SystemExit as exc:  # `raise SystemExit("error: ...")`: a one-line refusal, exit 2
         if not isinstance(exc.code, str):
             raise
         print(exc.code if exc.code.startswith("error:") else f"error: {exc.code}", file=sys.stderr)
         return 2
+
+
+def _go_on(argv: list[str]) -> str:
+    """How to go on after a full disk: `looprl eval` and `looprl train` resume, the rest rerun."""
+    command = next((a for a in argv if not a.startswith("-")), "")
+    return "rerun with --resume" if command in ("eval", "train") else "rerun"
 
 
 def _reader_gone() -> int:
