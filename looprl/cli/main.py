@@ -191,6 +191,10 @@ def _view_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--open", action="store_true", help="open a browser tab")
+    p.add_argument(
+        "--tokenizer", help="the token view's tokenizer: a model directory or name (default: "
+        "the run's own, or one its config names inside the directories viewed)",
+    )  # fmt: skip
 
     def run(args: argparse.Namespace, dotted: list[str]) -> int:
         from looprl.viewer import main_args
@@ -198,6 +202,7 @@ def _view_parser(sub: Any) -> None:
         argv = [*args.paths, "--port", str(args.port), "--host", args.host] + (
             ["--open"] if args.open else []
         )
+        argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
         return main_args(argv)
 
     p.set_defaults(func=run, dotted=False)
