@@ -4,8 +4,9 @@ Each command lives in its own module (`cli_eval`, `cli_train`, `cli_env`) and re
 here. A user mistake anywhere is a `UsageError` (or a `ConfigError`): `main` prints one line,
 `error: <what> — <the fix>`, on stderr and returns 2; `LOOPRL_DEBUG=1` adds the traceback.
 A disk that takes no more data (full, over quota, read-only) is one line naming the file and
-the fix, exit 1 (`looprl.files.writing` names the path at each writer). Ctrl-C prints one line, `interrupted: <what was kept> — <how to resume>` (an `Interrupted`
-raised by the command, `looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
+the fix, exit 1 (`looprl.files.writing` names the path at each writer). Ctrl-C prints one line,
+`interrupted: <what was kept> — <how to resume>` (an `Interrupted` raised by the command,
+`looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
 of stdout that goes away (`| head`) ends the command quietly with 0. Anything else is a bug and
 keeps its traceback (exit 1). A command's function takes `(args, dotted)`: `dotted` holds its
 `--section.field VALUE` options (a command registered with `dotted=False` refuses them).
