@@ -73,8 +73,8 @@ def test_a_batch_that_trained_on_survivors_says_so_without_promising_a_resume(tm
     groups = [[_episode("a", [INFRA]), _episode("a", [scoring])], [_episode("b"), _episode("b")]]
     assert guard.observe(1, {"train/groups_used": 1.0}, groups) == {ERROR_SKIPPED_KEY: 0.0}
     assert said == [
-        "step 1: 2 of 4 episodes errored: 1 infra, 1 scoring; the update used the 2 that did "
-        "not (first error: infra: engine: server gone)"
+        "step 1: 2 of 4 episodes errored: 1 infra, 1 scoring; the update could use only the 2 "
+        "that did not (first error: infra: engine: server gone)"
     ]
     assert "resume" not in said[0]
 

@@ -149,9 +149,10 @@ class ErroredBatches:
 
     A batch is skipped when its errors left no group with two scored episodes (`train/skipped`
     with `train/groups_used` 0): no update runs and no later step regenerates it, so the line
-    says `skipped`. A batch that lost half its episodes or more but still trained says that the
-    update used the rest. `limit` skipped batches in a row raise a one-line `SystemExit`, and so
-    does `check_trained` when every step this process ran was skipped (nothing to export).
+    says `skipped`. A batch that lost half its episodes or more but kept a group says that the
+    update could use only the rest. `limit` skipped batches in a row raise a one-line
+    `SystemExit`, and so does `check_trained` when every step this process ran was skipped
+    (nothing to export).
     """
 
     def __init__(self, limit: int, run_dir: Path, say: Callable[[str], None]) -> None:
@@ -181,7 +182,7 @@ class ErroredBatches:
             self.say(f"step {step}: batch skipped ({self.reason}) — no update ran")
         elif 2 * len(errored) >= len(episodes) > 0:
             self.say(
-                f"step {step}: {error_counts(episodes)}; the update used the "
+                f"step {step}: {error_counts(episodes)}; the update could use only the "
                 f"{len(episodes) - len(errored)} that did not (first error: {first_error(errored)})"
             )
         return {ERROR_SKIPPED_KEY: float(skipped)}
