@@ -1,30 +1,87 @@
-"""Files: atomic writes (a kill leaves the old or the new, never half), JSONL, importing a .py file."""
+"""Files: atomic writes (a kill leaves the old or the new, never half), write faults named by
+path (`writing`), JSONL, importing a .py file."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO
 
+WRITE_FAULTS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("no space left on device", "free space on that disk"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota"),
+    errno.EROFS: ("read-only file system", "make it writable"),
+}
+"""The errors of a disk that takes no more data: errno -> (what happened, what to do)."""
+
+# an errno in a message: Rust writers (safetensors) say `(os error 28)`, a copied OSError `[Errno 28]`
+_ERRNO_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
+
+
+class WriteFault(OSError):
+    """A write refused by the disk (an errno of `WRITE_FAULTS`); `filename` is what was being
+    written. Raised by `writing`; `looprl` turns it into one line (`write_fault_line`)."""
+
+
+def write_fault(exc: BaseException) -> int | None:
+    """The `WRITE_FAULTS` errno behind `exc`, or None: an `OSError`'s own errno, or one in its
+    message (safetensors raises its own error type; a sharded checkpoint passes a rank's error on
+    as text)."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+        return exc.errno
+    found = _ERRNO_TEXT.search(str(exc))
+    code = int(found[1] or found[2]) if found else None
+    return code if code in WRITE_FAULTS else None
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a full disk, a quota or a read-only file system met inside into a `WriteFault` that
+    names `path` (a `write` or `fsync` that fails names no file). Other errors pass unchanged, and
+    so does a `WriteFault` raised by a `writing` inside (it names the more precise path)."""
+    try:
+        yield
+    except WriteFault:
+        raise
+    except Exception as exc:
+        code = write_fault(exc)
+        if code is None:
+            raise
+        raise WriteFault(code, WRITE_FAULTS[code][0], str(path)) from exc
+
+
+def write_fault_line(exc: BaseException, then: str) -> str | None:
+    """The one-line error for a write the disk refused: the path, the fix, and `then` (how to
+    go on, e.g. `rerun with --resume`); None for any other error."""
+    code = write_fault(exc)
+    if code is None:
+        return None
+    what, fix = WRITE_FAULTS[code]
+    path = getattr(exc, "filename", None) or "a file"
+    return f"error: {what} writing {path} — {fix}, then {then} (what was written before is intact)"
+
 
 def write_text_atomically(path: Path, text: str) -> None:
     """Write `text` (UTF-8) to a temporary file beside `path`, fsync it, then rename it over `path`."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -58,8 +58,8 @@ def viewer_server():
 
     started = []
 
-    def start(*paths: Path) -> str:
-        srv, url = start_server(list(paths))
+    def start(*paths: Path, tokenizer: str | None = None) -> str:
+        srv, url = start_server(list(paths), tokenizer=tokenizer)
         started.append(srv)
         return url
 

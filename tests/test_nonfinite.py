@@ -103,20 +103,22 @@ def load_environment(**kwargs) -> SingleTurnEnv:
 
 
 @pytest.mark.slow
-def test_a_run_with_huge_and_nan_rewards_records_errors_and_stays_finite(tmp_path: Path):
+def test_a_run_with_huge_and_nan_rewards_records_errors_and_trains_on_none(tmp_path: Path):
     from looprl.trainer.trainer import Trainer
 
     env = tmp_path / "huge_env.py"
     env.write_text(HUGE_REWARD_ENV)
     cfg = small_config(tmp_path, "huge", **{"env.name": str(env), "trainer.steps": 1})
     trainer = Trainer(cfg)
-    trainer.run()
+    with pytest.raises(SystemExit) as stop:  # nothing could be scored, so nothing was trained
+        trainer.run()
+    assert "4 of 4 episodes were scoring errors" in str(stop.value.code)
     assert read_metrics(trainer.run_dir)[0]["rollout/scoring_errors"] == 4.0  # 2 tasks x 2
     saved = (trainer.run_dir / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     errors = [json.loads(line)["errors"] for line in saved]
     assert errors and all(e and e[0]["kind"] == "scoring" for e in errors)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
-    assert (trainer.run_dir / "final" / "config.json").exists()
+    assert not (trainer.run_dir / "final").exists()
 
 
 @pytest.mark.slow

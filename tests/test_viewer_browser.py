@@ -36,8 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]  # skipped without Chromium
 def runs_dir(tmp_path: Path) -> Path:
     """Two runs in one folder; `alpha` has a tokenizer and one malformed rollout line, `beta`
     the bare metric names of a run made before the namespaces (`kl`, `loss`, ...)."""
-    tok = build_tokenizer(tmp_path / "tok")
     root = tmp_path / "runs"
+    tok = build_tokenizer(root / "alpha" / "final")  # the run's own: the viewer follows it
     write_run(
         root / "alpha",
         steps=12,

@@ -82,7 +82,7 @@ def parse_overrides(items: list[str], *prefixes: str) -> dict[str, dict[str, Any
 
 def run_eval_command(args: argparse.Namespace, dotted: list[str]) -> int:
     """`looprl eval`: check everything, run, print the summary; 1 if the evaluation failed."""
-    from looprl.eval.run import evaluate_and_report, first_error
+    from looprl.eval.run import UNSCORED, evaluate_and_report, first_error
 
     overrides = parse_overrides(dotted, "env", "engine")
     values = {k: v for k, v in vars(args).items() if k in EvalConfig.model_fields}
@@ -99,6 +99,13 @@ def run_eval_command(args: argparse.Namespace, dotted: list[str]) -> int:
         raise eval_interrupted(args.argv, output) from None
     if outcome.status != "failed":
         return 0
+    if outcome.headline.startswith(UNSCORED):
+        print(
+            f"error: {outcome.headline} — fix the reward function, then rerun into a new "
+            "--output (--resume does not score finished groups again)",
+            file=sys.stderr,
+        )
+        return 1
     errored = outcome.summary["rollout_errors"]
     print(
         f"error: evaluation failed: {errored} of {outcome.summary['episodes']} episodes errored; "

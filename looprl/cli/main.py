@@ -3,8 +3,10 @@
 Each command lives in its own module (`cli_eval`, `cli_train`, `cli_env`) and registers itself
 here. A user mistake anywhere is a `UsageError` (or a `ConfigError`): `main` prints one line,
 `error: <what> — <the fix>`, on stderr and returns 2; `LOOPRL_DEBUG=1` adds the traceback.
-Ctrl-C prints one line, `interrupted: <what was kept> — <how to resume>` (an `Interrupted`
-raised by the command, `looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
+A disk that takes no more data (full, over quota, read-only) is one line naming the file and
+the fix, exit 1 (`looprl.files.writing` names the path at each writer). Ctrl-C prints one line,
+`interrupted: <what was kept> — <how to resume>` (an `Interrupted` raised by the command,
+`looprl.cli.interrupts`) or just `interrupted`, and returns 130; a reader
 of stdout that goes away (`| head`) ends the command quietly with 0. Anything else is a bug and
 keeps its traceback (exit 1). A command's function takes `(args, dotted)`: `dotted` holds its
 `--section.field VALUE` options (a command registered with `dotted=False` refuses them).
@@ -20,6 +22,7 @@ from typing import Any, NoReturn
 
 from looprl.cli.eval import parse_overrides
 from looprl.cli.fields import Interrupted, UsageError, did_you_mean, usage_error
+from looprl.files import write_fault_line
 
 __all__ = ["main", "parse_overrides", "split_dotted"]
 
@@ -68,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     from looprl.tools.hung import ToolsHung
     from looprl.trainer.config import ConfigError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        code = _dispatch(argv)
         sys.stdout.flush()  # a reader gone (`| head`) shows here, not at interpreter exit
         return code
     except BrokenPipeError:
@@ -92,11 +96,25 @@ def main(argv: list[str] | None = None) -> int:
             exc = usage_error(str(exc), "see looprl config show for every field")
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a disk that takes no more data: one line naming the file
+        line = write_fault_line(exc, _go_on(argv))
+        if line is None:
+            raise  # anything else is a bug, with its traceback
+        if os.environ.get("LOOPRL_DEBUG"):
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return 1
     except SystemExit as exc:  # `raise SystemExit("error: ...")`: a one-line refusal, exit 2
         if not isinstance(exc.code, str):
             raise
         print(exc.code if exc.code.startswith("error:") else f"error: {exc.code}", file=sys.stderr)
         return 2
+
+
+def _go_on(argv: list[str]) -> str:
+    """How to go on after a full disk: `looprl eval` and `looprl train` resume, the rest rerun."""
+    command = next((a for a in argv if not a.startswith("-")), "")
+    return "rerun with --resume" if command in ("eval", "train") else "rerun"
 
 
 def _reader_gone() -> int:
@@ -178,6 +196,10 @@ def _view_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--open", action="store_true", help="open a browser tab")
+    p.add_argument(
+        "--tokenizer", help="the token view's tokenizer: a model directory or name (default: "
+        "the run's own, or one its config names inside the directories viewed)",
+    )  # fmt: skip
 
     def run(args: argparse.Namespace, dotted: list[str]) -> int:
         from looprl.viewer import main_args
@@ -185,6 +207,7 @@ def _view_parser(sub: Any) -> None:
         argv = [*args.paths, "--port", str(args.port), "--host", args.host] + (
             ["--open"] if args.open else []
         )
+        argv += ["--tokenizer", args.tokenizer] if args.tokenizer else []
         return main_args(argv)
 
     p.set_defaults(func=run, dotted=False)

@@ -14,7 +14,7 @@ from typing import Any
 from looprl import safe_json
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
-from looprl.files import write_text_atomically
+from looprl.files import write_text_atomically, writing
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.types import EpisodeResult, Summary, Task
@@ -119,7 +119,7 @@ class ResultsWriter:
     def write_group(self, episodes: list[EpisodeResult]) -> None:
         """Append the group's lines and flush them to disk."""
         data = "".join(ep.to_json() + "\n" for ep in episodes)
-        with self.path.open("a", encoding="utf-8") as f:
+        with writing(self.path), self.path.open("a", encoding="utf-8") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -214,6 +214,12 @@ class TrainerSection(_Section):
         description="stop the run after this many steps in a row whose every update was skipped "
         "for a NaN or inf loss or gradient norm (one is a glitch; a few in a row is a broken run)",
     )
+    max_skipped_steps: int = Field(
+        3,
+        ge=1,
+        description="stop the run after this many steps in a row skipped because errors "
+        "(infrastructure, environment, scoring) left no group with two scored episodes",
+    )
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")

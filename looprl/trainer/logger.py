@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from looprl.console import LINE_WIDTH  # step lines fit in it; parts that would not are left out
-from looprl.files import write_text_atomically
+from looprl.files import write_text_atomically, writing
 from looprl.trainer.metrics import upgrade_row
 from looprl.trainer.progress import no_gradient
 from looprl.trainer.wandb_logger import resolve_mode
@@ -95,7 +95,7 @@ class MetricsLogger:
         self.total_steps = total_steps
         self._base_step = resume_step or 0  # the ETA averages the steps after this one
         self._base_time = self._start
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 (closed in close())
         self._writer: Any = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -126,8 +126,10 @@ class MetricsLogger:
         values = {k: _to_float(k, v) for k, v in metrics.items()}
         row: dict[str, Any] = {"step": int(step), "wall_time": round(self.wall_time, 3)}
         row.update({k: (v if math.isfinite(v) else None) for k, v in values.items()})
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
+        line = memoryview((json.dumps(row, allow_nan=False) + "\n").encode("utf-8"))
+        with writing(self.path):  # a full disk names metrics.jsonl; the rows before stay whole
+            while line:  # unbuffered: nothing a full disk refused is left to fail again at close
+                line = line[self._file.write(line) :]
         if self._writer is not None:
             for k, v in values.items():
                 if math.isfinite(v):

@@ -67,6 +67,8 @@ METRICS: dict[str, str] = {
     "train/skipped": "1 when no sample had a non-zero advantage, so no update ran",
     "train/nonfinite_skipped": "optimizer steps skipped because the loss or gradient norm was "
     "not finite (NaN or inf)",
+    "train/error_skipped": "1 when errors left no group with two scored episodes, so the batch "
+    "was skipped (no update ran; nothing regenerates it)",
     "train/tokens": "sampled tokens trained on",
     "train/forward_tokens": "tokens through forward and backward",
     "train/forward_positions": "positions through forward (prompt and tool tokens included)",

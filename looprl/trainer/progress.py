@@ -1,21 +1,31 @@
-"""What a training run says between its step lines: the phase of a long step, a step with no gradient.
+"""What a training run says between its step lines: the phase of a long step, a step with no
+gradient, a batch that errors spoiled.
 
 - `StepPhases`: a step that runs long (generation of a big batch, a slow update) shows which
   phase it is in, as a plain line in a log (`step 3/10: training (generating took 42 s)`) or as
   a transient status on a terminal. Short steps stay quiet.
 - `NoGradientWarning`: a step where every group's rollouts got the same reward has no
   advantage to learn from; the first such step of a run gets one warning that says what to do.
+- `ErroredBatches`: a batch whose errors left no group with two scored episodes is skipped (no
+  update runs, nothing regenerates it) and says so (`batch skipped (45 of 48 episodes were infra
+  errors)`), counted as `train/error_skipped`; `trainer.max_skipped_steps` such steps in a row
+  stop the run, and a run whose every step was skipped ends in error before `final/` is written.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.errors import LiveError
 from rich.status import Status
+
+from looprl.types import EpisodeResult
+
+ERROR_SKIPPED_KEY = "train/error_skipped"
 
 QUIET_S = 10.0
 """A step announces its phases once it has run this long (or when the step before took longer)."""
@@ -89,6 +99,8 @@ class StepPhases:
 
 def no_gradient(row: Mapping[str, Any]) -> bool:
     """Whether a step had no reward signal: every group uniform, or no sample to train on."""
+    if row.get(ERROR_SKIPPED_KEY) == 1:  # errors, not uniform rewards: `ErroredBatches` says so
+        return False
     skipped = row.get("train/skipped") == 1
     return skipped or (row.get("train/zero_var_frac") or 0.0) >= 1.0
 
@@ -115,3 +127,83 @@ class NoGradientWarning:
             "curriculum, or warm-start the model with `looprl sft` (if every rollout already "
             "succeeds, the tasks are too easy)"
         )
+
+
+def error_counts(episodes: list[EpisodeResult]) -> str:
+    """How many of `episodes` errored and of which kind: `45 of 48 episodes were infra errors`."""
+    infra = sum(ep.infra_error for ep in episodes)
+    env = sum(ep.rollout_error and not ep.infra_error for ep in episodes)
+    scoring = sum(ep.scoring_error and not ep.rollout_error for ep in episodes)
+    counts = [(n, kind) for n, kind in ((infra, "infra"), (env, "environment"),
+                                        (scoring, "scoring")) if n]  # fmt: skip
+    total = len(episodes)
+    if len(counts) == 1:
+        return f"{counts[0][0]} of {total} episodes were {counts[0][1]} errors"
+    kinds = ", ".join(f"{n} {kind}" for n, kind in counts)
+    return f"{infra + env + scoring} of {total} episodes errored: {kinds}"
+
+
+class ErroredBatches:
+    """What became of a training batch with errored episodes, said truthfully, and a stop when
+    errors leave nothing to train on.
+
+    A batch is skipped when its errors left no group with two scored episodes (`train/skipped`
+    with `train/groups_used` 0): no update runs and no later step regenerates it, so the line
+    says `skipped`. A batch that lost half its episodes or more but kept a group says that the
+    update could use only the rest. `limit` skipped batches in a row raise a one-line
+    `SystemExit`, and so does `check_trained` when every step this process ran was skipped
+    (nothing to export).
+    """
+
+    def __init__(self, limit: int, run_dir: Path, say: Callable[[str], None]) -> None:
+        self.limit = limit
+        self.run_dir = run_dir
+        self.say = say
+        self.in_a_row = 0
+        self.steps = 0
+        self.skipped = 0
+        self.reason = ""
+
+    def observe(
+        self, step: int, metrics: Mapping[str, Any], groups: list[list[EpisodeResult]]
+    ) -> dict[str, float]:
+        """Say what became of step `step`'s batch; its `train/error_skipped` metric (0 or 1)."""
+        from looprl.eval.run import first_error  # here: the metrics readers need none of it
+
+        episodes = [ep for g in groups for ep in g]
+        errored = [ep for ep in episodes if ep.errors]
+        skipped = bool(errored) and metrics.get("train/skipped") == 1
+        skipped = skipped and not metrics.get("train/groups_used")
+        self.steps += 1
+        self.skipped += skipped
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        if skipped:
+            self.reason = f"{error_counts(episodes)}; first: {first_error(errored)}"
+            self.say(f"step {step}: batch skipped ({self.reason}) — no update ran")
+        elif 2 * len(errored) >= len(episodes) > 0:
+            self.say(
+                f"step {step}: {error_counts(episodes)}; the update could use only the "
+                f"{len(episodes) - len(errored)} that did not (first error: {first_error(errored)})"
+            )
+        return {ERROR_SKIPPED_KEY: float(skipped)}
+
+    def stop_if_stuck(self, step: int) -> None:
+        """Raise a one-line `SystemExit` once `limit` steps in a row were skipped."""
+        if self.in_a_row >= self.limit:
+            raise SystemExit(
+                f"error: step {step}: {self.in_a_row} steps in a row were skipped, so no update "
+                f"ran ({self.reason}) — fix the cause (the episodes are in "
+                f"{self.run_dir / 'rollouts'}), then `looprl train --resume --run-dir "
+                f"{self.run_dir}` continues from the last checkpoint (trainer.max_skipped_steps "
+                "sets the limit)"
+            )
+
+    def check_trained(self) -> None:
+        """Raise a one-line `SystemExit` when every step this process ran was skipped."""
+        if self.steps and self.skipped == self.steps:
+            raise SystemExit(
+                f"error: no step of this run updated the model: all {self.steps} were skipped "
+                f"({self.reason}), so final/ was not exported — fix the cause (the episodes are "
+                f"in {self.run_dir / 'rollouts'}), then `looprl train --resume --run-dir "
+                f"{self.run_dir}`"
+            )

@@ -14,7 +14,7 @@ from typing import Any
 from looprl.console import console
 from looprl.engines.base import TrainableEngine
 from looprl.eval.run import EvalJob, run_eval
-from looprl.eval.summary import error_headline, summarize
+from looprl.eval.summary import summarize
 from looprl.files import write_text_atomically
 from looprl.models.weights import frozen_copy
 from looprl.rendering.renderer import Renderer
@@ -29,7 +29,7 @@ from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.nonfinite import NonFiniteGuard
 from looprl.trainer.precision import compute_dtype
-from looprl.trainer.progress import NoGradientWarning, StepPhases
+from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhases
 from looprl.trainer.run_config import absolute_paths
 from looprl.trainer.run_summary import RunStatus, write_run_summary
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
@@ -273,6 +273,7 @@ class Trainer:
         phases = self.phases = StepPhases(cfg.steps, out=console if self.is_main else None)
         no_gradient = NoGradientWarning(self.cfg.rollout.rollouts_per_task, self._warn)
         nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps, self.algo.updates_per_batch)
+        errored = ErroredBatches(cfg.max_skipped_steps, self.run_dir, self._warn)
         if cfg.eval_before and self.step == 0:
             first = await self._evaluate(0)  # the starting point of every eval curve
             self.monitors.observe(0, first)  # and of the held-out monitor
@@ -299,11 +300,13 @@ class Trainer:
                 phases.enter("evaluating")
                 metrics.update(await self._evaluate(step))
             metrics.update(self.monitors.observe(step, metrics, batch.groups))
+            metrics.update(errored.observe(step, metrics, batch.groups))
             phases.end()
             self.logger.log(step, metrics)
             no_gradient.check(step, metrics)
             nonfinite.observe(step, metrics)
             self._save_rollouts(step, batch.groups)
+            errored.stop_if_stuck(step)
             last = metrics
             if step % cfg.save_every == 0 or step == cfg.steps:
                 self._checkpoint()
@@ -317,6 +320,7 @@ class Trainer:
                 self.stopped_early = True
                 break
         await ahead.idle()  # let the engine finish before shutting it down
+        errored.check_trained()  # a run that never updated exports nothing
         self._export()
         self._plot()
         await self.engine.close()
@@ -395,9 +399,6 @@ class Trainer:
         summary = summarize(
             episodes, rollouts_per_task=self.cfg.rollout.rollouts_per_task, generate_seconds=gen_s
         )
-        headline, most_failed = error_headline(summary)
-        if most_failed and self.is_main:  # the update learns from the few survivors: say so at once
-            console.print(f"[bold red]this batch: {headline}[/]", highlight=False)
         out = batch_metrics(summary, len(episodes))
         out["time/score"] = sum(ep.timings.get("score", 0.0) for ep in episodes)
         return out

@@ -51,6 +51,10 @@ CONTENT_TYPES = {
     ".png": "image/png",
 }
 MAX_PAGE = 500
+TOKENIZER_HELP = (
+    "the token view's tokenizer: a model directory or name (default: the run's own, or one its "
+    "config names inside the directories viewed)"
+)
 FLOAT_MAX_INT = 2**1023  # larger integers do not fit a JavaScript number (about 1.8e308)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -66,11 +70,12 @@ SECURITY_HEADERS = {
 
 
 class Viewer:
-    """What the request handlers share: the runs and the tokenizer cache."""
+    """What the request handlers share: the runs and the tokenizer cache (which follows a path
+    a run names only inside `paths`; `tokenizer` is the user's `--tokenizer`)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], tokenizer: str | None = None) -> None:
         self.catalog = Catalog(paths)
-        self.tokenizers = TokenizerCache()
+        self.tokenizers = TokenizerCache(paths, tokenizer)
 
 
 Params = dict[str, str]
@@ -352,10 +357,10 @@ class ViewerServer(ThreadingHTTPServer):
 
 
 def start_server(
-    paths: list[Path], port: int = 0, host: str = "127.0.0.1"
+    paths: list[Path], port: int = 0, host: str = "127.0.0.1", tokenizer: str | None = None
 ) -> tuple[ViewerServer, str]:
     """Start the viewer in a background thread; returns (server, url). Call `server.close()`."""
-    server = ViewerServer((host, port), Viewer([Path(p) for p in paths]))
+    server = ViewerServer((host, port), Viewer([Path(p) for p in paths], tokenizer))
     server._thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="looprl-view", daemon=True
     )
@@ -364,10 +369,14 @@ def start_server(
 
 
 def serve(
-    paths: list[Path], host: str = "127.0.0.1", port: int = 0, open_browser: bool = False
+    paths: list[Path],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    open_browser: bool = False,
+    tokenizer: str | None = None,
 ) -> None:
     """Serve the viewer until Ctrl-C, printing its URL first."""
-    server = ViewerServer((host, port), Viewer([Path(p) for p in paths]))
+    server = ViewerServer((host, port), Viewer([Path(p) for p in paths], tokenizer))
     runs = server.viewer.catalog.discover()
     names = ", ".join(r.name for r in runs) or "none yet (they are picked up as they appear)"
     print(f"looprl view: {len(runs)} run(s): {names}", flush=True)
@@ -401,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     ap.add_argument("--open", action="store_true", help="open the page in a browser")
+    ap.add_argument("--tokenizer", default=None, help=TOKENIZER_HELP)
     return ap
 
 
@@ -408,7 +418,10 @@ def main_args(argv: list[str] | None = None) -> int:
     """`looprl view ...` entry point: parse `argv`, serve, return an exit code."""
     args = build_parser().parse_args(argv)
     try:
-        serve(args.paths, host=args.host, port=args.port, open_browser=args.open)
+        serve(
+            args.paths, host=args.host, port=args.port, open_browser=args.open,
+            tokenizer=args.tokenizer,
+        )  # fmt: skip
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             print(

@@ -1,13 +1,23 @@
-"""Find a run's tokenizer (offline only) and turn token ids into one display string per token."""
+"""Find a run's tokenizer (offline only) and turn token ids into one display string per token.
+
+A run directory is data, not instructions: a path its files name is followed only when it lies
+inside the directories given to `looprl view` (the run's own `final/` and checkpoints included,
+symlinks resolved), never to `/etc` or `../../x` elsewhere. Model names (looprl's built-in ones,
+a hub id in the local Hugging Face cache) and the `--tokenizer` the user passed are used as they
+are. A path not followed leaves the token view off, with a note that says so.
+"""
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from looprl.viewer.schema import read_json
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # org/name, as the hub writes ids
 _MODEL_KEYS = ("model", "model_name", "model_path", "name_or_path", "path", "name", "tokenizer")
 
 
@@ -73,13 +83,28 @@ def local_dir(name: str, run_path: Path) -> Path | None:
     return None
 
 
-def _resolve(name: str, run_path: Path) -> tuple[Path | None, str]:
-    """(local directory for `name`, or None and why not)."""
+def inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether `path`, symlinks resolved, lies in one of `roots` (resolved too)."""
+    real = path.resolve()
+    return any(real.is_relative_to(root.resolve()) for root in roots)
+
+
+def _resolve(name: str, run_path: Path, roots: Sequence[Path]) -> tuple[Path | None, str]:
+    """(local directory for `name`, a run's model name, or None and why not). A path outside
+    `roots` is not followed; a name that is neither a path there nor a model name is refused."""
     from looprl.models.loading import BUILTIN_MODELS, resolve_model_path
 
-    found = None if name.strip().lower() in BUILTIN_MODELS else local_dir(name, run_path)
+    builtin = name.strip().lower() in BUILTIN_MODELS
+    found = None if builtin else local_dir(name, run_path)
+    if found is not None and not inside(found, roots):
+        return None, (
+            f"{name}: a path outside the viewed directories, not followed (pass --tokenizer "
+            f"{name} to use it)"
+        )
     if found is not None:
         return found, ""
+    if not builtin and not _HUB_ID.match(name):
+        return None, f"{name}: not a directory in the viewed directories nor a model name"
     try:  # looprl's own model names ("tiny", embedded models) and the hub cache, offline
         resolved = Path(resolve_model_path(name))
     except Exception as e:  # any failure only means "show ids"; the reason is shown in the page
@@ -125,14 +150,23 @@ def _open_tokenizer(path: Path) -> Decoder:
     return HFDecoder(path)
 
 
-def load_tokenizer(run_path: Path) -> tuple[Decoder | None, str]:
-    """(tokenizer or None, a line saying where it came from or why none was found)."""
+def load_tokenizer(
+    run_path: Path, roots: Sequence[Path] = (), user: str | None = None
+) -> tuple[Decoder | None, str]:
+    """(tokenizer or None, a line saying where it came from or why none was found).
+
+    `user` (`--tokenizer`: a directory or a model name) is tried first and trusted; the run's
+    own candidates (`model_candidates`) are followed only inside `run_path` and `roots` (the
+    directories given to `looprl view`), as the module doc says.
+    """
+    if user:
+        return _load_user(user)
     candidates = model_candidates(run_path)
     if not candidates:
         return None, "no model named in config.json / metadata.json; showing token ids"
     reasons = []
     for name in candidates:
-        path, why = _resolve(name, run_path)
+        path, why = _resolve(name, run_path, [run_path, *roots])
         if path is None:
             reasons.append(why)
             continue
@@ -145,10 +179,28 @@ def load_tokenizer(run_path: Path) -> tuple[Decoder | None, str]:
     return None, "no tokenizer could be loaded (" + "; ".join(reasons) + "); showing token ids"
 
 
-class TokenizerCache:
-    """One tokenizer per run directory, loaded on first use, plus a per-id string cache."""
+def _load_user(name: str) -> tuple[Decoder | None, str]:
+    """The tokenizer of `--tokenizer NAME` (a directory or a model name), or None and why."""
+    from looprl.models.loading import resolve_model_path
 
-    def __init__(self) -> None:
+    try:
+        path = Path(name).expanduser()
+        path = path if path.is_dir() else Path(resolve_model_path(name))
+        return _open_tokenizer(path), f"tokenizer from --tokenizer {path}"
+    except Exception as e:  # any failure only means "show ids"; the reason is shown in the page
+        return None, f"--tokenizer {name}: {type(e).__name__}: {str(e)[:200]}; showing token ids"
+
+
+class TokenizerCache:
+    """One tokenizer per run directory, loaded on first use, plus a per-id string cache.
+
+    `roots` are the directories given to `looprl view` and `user` its `--tokenizer`, passed on
+    to `load_tokenizer`.
+    """
+
+    def __init__(self, roots: Sequence[Path] = (), user: str | None = None) -> None:
+        self.roots = list(roots)
+        self.user = user
         self._lock = threading.Lock()
         self._tok: dict[Path, tuple[Decoder | None, str]] = {}
         self._pieces: dict[Path, dict[int, str]] = {}
@@ -157,7 +209,7 @@ class TokenizerCache:
         """(one string per token id, or None without a tokenizer; where the tokenizer came from)."""
         with self._lock:
             if run_path not in self._tok:
-                self._tok[run_path] = load_tokenizer(run_path)
+                self._tok[run_path] = load_tokenizer(run_path, self.roots, self.user)
                 self._pieces[run_path] = {}
             tok, note = self._tok[run_path]
             cache = self._pieces[run_path]

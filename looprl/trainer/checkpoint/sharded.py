@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from looprl.files import writing
 from looprl.trainer import distributed as D
 from looprl.trainer.checkpoint.files import (
     COMPLETE,
@@ -83,40 +84,41 @@ def save_sharded(
     raises on every rank, leaving the previous checkpoints as they were.
     """
     final = checkpoint_dir(run_dir, step)
-    tmp = _on_main(d, lambda: _make_tmp(final))
-    import torch.distributed.checkpoint as dcp
+    with writing(final):  # a full disk on any rank names the checkpoint
+        tmp = _on_main(d, lambda: _make_tmp(final))
+        import torch.distributed.checkpoint as dcp
 
-    problem: BaseException | None = None
-    try:
-        model_sd, optim_sd = _state_dicts(modules, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-        torch_save_synced(rng_state(None), tmp / rng_file(d.rank))
-    except Exception as exc:
-        problem = exc
-    failed = [e for e in D.gather_objects(d, problem and f"rank {d.rank}: {problem}") if e]
-    if failed:
-        if d.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise problem or RuntimeError("a sharded checkpoint failed on: " + "; ".join(failed))
+        problem: BaseException | None = None
+        try:
+            model_sd, optim_sd = _state_dicts(modules, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+            torch_save_synced(rng_state(None), tmp / rng_file(d.rank))
+        except Exception as exc:
+            problem = exc
+        failed = [e for e in D.gather_objects(d, problem and f"rank {d.rank}: {problem}") if e]
+        if failed:
+            if d.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise problem or RuntimeError("a sharded checkpoint failed on: " + "; ".join(failed))
 
-    def seal() -> Path:
-        state = {**extra_state, "step": step}
-        torch_save_synced(
-            scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
-        )
-        write_text_synced(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
-        files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}
-        meta = {"format": MANIFEST_FORMAT, "step": step, "weights": "sharded", "world": d.world,
-                "time": time.time(), "files": files}  # fmt: skip
-        write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
-        fsync_dir(tmp)
-        _keep_if_damaged(final, d.world)
-        swap_into_place(tmp, final)
-        if keep_last is not None:
-            prune_checkpoints(run_dir, keep_last, keep=final)
-        return final
+        def seal() -> Path:
+            state = {**extra_state, "step": step}
+            torch_save_synced(
+                scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
+            )
+            write_text_synced(tmp / STATE_FILE, json.dumps(state, indent=2, sort_keys=True))
+            files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}
+            meta = {"format": MANIFEST_FORMAT, "step": step, "weights": "sharded", "world": d.world,
+                    "time": time.time(), "files": files}  # fmt: skip
+            write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
+            fsync_dir(tmp)
+            _keep_if_damaged(final, d.world)
+            swap_into_place(tmp, final)
+            if keep_last is not None:
+                prune_checkpoints(run_dir, keep_last, keep=final)
+            return final
 
-    return _on_main(d, seal, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True))
+        return _on_main(d, seal, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True))
 
 
 def resume_any(

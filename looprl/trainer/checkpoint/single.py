@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from looprl.files import writing
 from looprl.models.weights import frozen_copy
 from looprl.trainer.checkpoint.files import (
     ADAPTER_FILE,
@@ -162,31 +163,32 @@ def save_checkpoint(
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(final.parent)
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    try:
-        tmp.mkdir()
-        _save_weights(tmp, model, value_head, adapter_only)
-        torch_save_synced(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch_save_synced(
-            scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
-        )
-        torch_save_synced(rng_state(generators), tmp / "rng.pt")
-        write_text_synced(tmp / STATE_FILE, state_text)
-        files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}  # fsync + size + hash
-        meta = {
-            "format": MANIFEST_FORMAT,
-            "step": step,
-            "weights": "adapter" if adapter_only else "full",
-            "time": time.time(),
-            "files": files,
-        }
-        write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
-        fsync_dir(tmp)
-        _keep_if_damaged(final)
-        swap_into_place(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with writing(final):  # a full disk names the checkpoint; the older ones stay as they are
+        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        try:
+            tmp.mkdir()
+            _save_weights(tmp, model, value_head, adapter_only)
+            torch_save_synced(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch_save_synced(
+                scheduler.state_dict() if scheduler is not None else None, tmp / "scheduler.pt"
+            )
+            torch_save_synced(rng_state(generators), tmp / "rng.pt")
+            write_text_synced(tmp / STATE_FILE, state_text)
+            files = {f.name: seal_file(f) for f in sorted(tmp.iterdir())}  # fsync + size + hash
+            meta = {
+                "format": MANIFEST_FORMAT,
+                "step": step,
+                "weights": "adapter" if adapter_only else "full",
+                "time": time.time(),
+                "files": files,
+            }
+            write_text_synced(tmp / COMPLETE, json.dumps(meta, indent=1))
+            fsync_dir(tmp)
+            _keep_if_damaged(final)
+            swap_into_place(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     if keep_last is not None:
         prune_checkpoints(run_dir, keep_last, keep=final)
     return final
@@ -309,22 +311,23 @@ def export_hf(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path) -> Pa
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(out.parent)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        export.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                _fsync_file(f)
-        fsync_dir(tmp)
-        swap_into_place(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with writing(out):  # a full disk names the export; a previous one stays as it was
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+            export.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    _fsync_file(f)
+            fsync_dir(tmp)
+            swap_into_place(tmp, out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
