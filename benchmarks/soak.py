@@ -277,6 +277,7 @@ def long_soak(out: Path, sft: Path, args: argparse.Namespace) -> int:
     for flag in ("hang_rate", "raise_rate", "malformed_rate"):
         cmd += [f"--env.kwargs.{flag}", str(getattr(args, flag))]
     cmd += ["--env.kwargs.huge_every", "3"]  # a third of the malformed answers are huge
+    cmd += ["--env.kwargs.tool_weight", str(args.tool_weight)]
     counters = RunCounters(run_dir)
     samples: list[Sample] = []
     exits: list[dict[str, Any]] = []
@@ -294,7 +295,8 @@ def long_soak(out: Path, sft: Path, args: argparse.Namespace) -> int:
                 exits.append(_exit_record(now - t0, proc.returncode, log_path))
                 proc = start(cmd + ["--resume", "--run-dir", str(run_dir)])
             proc_now = read_proc(proc.pid)
-            samples.append(Sample(now - t0, proc=proc_now, restarts=len(exits), **counters.read()))
+            t = min(now, deadline) - t0  # the last sample closes the last window, not a new one
+            samples.append(Sample(t, proc=proc_now, restarts=len(exits), **counters.read()))
             if now >= deadline:
                 break
             time.sleep(min(args.sample, max(0.0, deadline - time.monotonic())))
@@ -337,6 +339,7 @@ def _report_long(
         "minutes": args.minutes,
         "window_minutes": args.window,
         "rates": {k: getattr(args, k) for k in ("hang_rate", "raise_rate", "malformed_rate")},
+        "tool_weight": args.tool_weight,
         "windows": rows,
         "total": total,
         "exits": exits,
@@ -368,11 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-rate", type=float, default=0.05, help="--long: tool calls that hang")
     p.add_argument("--raise-rate", type=float, default=0.05, help="--long: tool calls that raise")
     p.add_argument("--malformed-rate", type=float, default=0.05, help="--long: malformed answers")
+    p.add_argument("--tool-weight", type=float, default=0.0, help="--long: reward a valid call")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     t0 = time.monotonic()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # started in the background by a shell
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # children may be Ctrl-C'ed
     sft = warm_start(out, args.seed)
     print(f"warm start ready in {time.monotonic() - t0:.0f} s: {sft}", flush=True)
     if args.long:

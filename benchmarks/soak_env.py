@@ -8,8 +8,9 @@ Each call of `calculate` meets at most one fault, drawn from a hash of its expre
   and a NaN, and on 1 such call in `huge_every` a further `HUGE_CHARS` characters;
 - else it answers the result.
 
-The reward function raises on 1 episode in `raise_every`. Which calls and episodes fail is a hash
-of their text, so a rerun injects the same faults. No system prompt (the soak's warm start is
+The reward is the answer's correctness plus `tool_weight` x `used_tool` (0: a metric only); the
+correctness function raises on 1 episode in `raise_every`. Which calls and episodes fail is a
+hash of their text, so a rerun injects the same faults. No system prompt (the soak's warm start is
 trained on short prompts).
 """
 
@@ -62,6 +63,7 @@ def load_environment(
     malformed_rate: float = 1 / 6,
     raise_every: int = 15,
     huge_every: int = 0,
+    tool_weight: float = 0.0,
     **kwargs: Any,
 ) -> ToolEnv:
     """The faulty calculator (see the module doc); a rate of 0 turns its fault off."""
@@ -96,7 +98,9 @@ def load_environment(
     return ToolEnv(
         name="soak",
         tools=[faulty_calculate],
-        rubric=Rubric([correct_or_raise, used_tool, tool_call_validity], weights=[1.0, 0.0, 0.0]),
+        rubric=Rubric(
+            [correct_or_raise, used_tool, tool_call_validity], weights=[1.0, tool_weight, 0.0]
+        ),
         train_tasks=lambda n, seed: generate_tasks("train", n, seed),
         eval_tasks=lambda n, seed: generate_tasks("eval", n, seed),
         tool_timeout=float(kwargs.pop("tool_timeout", 1.0)),

@@ -2,10 +2,12 @@
 
 - `read_proc(pid)`: resident memory, open file descriptors and threads of a process, from
   `/proc/PID/status` and `/proc/PID/fd` (None once it has exited);
-- `RunCounters`: steps done (`metrics.jsonl`) and the tool calls of the saved episodes
+- `RunCounters`: steps done and those that updated the weights (`train/grad_norm` > 0 in
+  `metrics.jsonl`), and the tool calls of the saved episodes
   (`rollouts/step_*.jsonl`, every episode saved when `trainer.save_rollouts` covers the batch):
-  made, answered (the tool, or the executor for a malformed call, gave a reply: not an
-  infrastructure fault), timed out (hung past the tool timeout) and refused `unavailable`;
+  the model's invalid calls (malformed, unknown tool, bad arguments: answered by the executor,
+  the tool never runs), and of the valid ones: made, answered (the tool returned or raised),
+  timed out (hung past the tool timeout) and refused `unavailable` (no thread to run on);
 - `windows(samples, window_s)`: one row per window of the run: what the counters gained in it,
   and the process's numbers at its end (and their highest in it);
 - `format_table(rows)`: those rows as a text table.
@@ -19,11 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from looprl.tools.executor import TIMEOUT, UNAVAILABLE
+from looprl.tools.executor import EXCEPTION, TIMEOUT, UNAVAILABLE
 from looprl.trainer.logger import METRICS_FILE, read_metrics
 
-COUNTERS = ("steps", "episodes", "calls", "answered", "timeouts", "unavailable")
+COUNTERS = (
+    "steps",
+    "updates",
+    "episodes",
+    "invalid",
+    "calls",
+    "answered",
+    "timeouts",
+    "unavailable",
+)
 """The cumulative counters of a `Sample`, in table order."""
+ANSWERED = (None, EXCEPTION)
+"""Outcomes of a valid call the tool answered: it returned (None) or raised."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,9 @@ class Sample:
     t: float
     """Seconds since the soak started the trainer."""
     steps: int = 0
+    updates: int = 0
     episodes: int = 0
+    invalid: int = 0
     calls: int = 0
     answered: int = 0
     timeouts: int = 0
@@ -71,13 +86,17 @@ class Sample:
 
 def tally_episode(episode: dict[str, Any]) -> dict[str, int]:
     """The tool counters of one saved episode (`EpisodeResult.to_dict()`)."""
-    outcomes = episode.get("tool_outcomes") or []
+    kinds = [o.get("error_kind") for o in episode.get("tool_outcomes") or []]
+    answered = sum(kind in ANSWERED for kind in kinds)
+    timeouts, unavailable = kinds.count(TIMEOUT), kinds.count(UNAVAILABLE)
+    calls = answered + timeouts + unavailable
     return {
         "episodes": 1,
-        "calls": len(outcomes),
-        "answered": sum(not o.get("infra") for o in outcomes),
-        "timeouts": sum(o.get("error_kind") == TIMEOUT for o in outcomes),
-        "unavailable": sum(o.get("error_kind") == UNAVAILABLE for o in outcomes),
+        "invalid": len(kinds) - calls,
+        "calls": calls,
+        "answered": answered,
+        "timeouts": timeouts,
+        "unavailable": unavailable,
     }
 
 
@@ -89,10 +108,12 @@ class RunCounters:
     _files: dict[str, tuple[tuple[int, int], dict[str, int]]] = field(default_factory=dict)
 
     def read(self) -> dict[str, int]:
-        """Steps done and the tool counters summed over the saved episodes, as of now."""
+        """Steps done, updates, and the tool counters summed over the saved episodes, as of now."""
         rows = read_metrics(self.run_dir / METRICS_FILE)
         totals = dict.fromkeys(COUNTERS, 0)
-        totals["steps"] = len({r["step"] for r in rows if r["step"] > 0})
+        steps = {r["step"]: r for r in rows if r["step"] > 0}  # a resumed step: its last row
+        totals["steps"] = len(steps)
+        totals["updates"] = sum((r.get("train/grad_norm") or 0) > 0 for r in steps.values())
         for path in sorted((self.run_dir / "rollouts").glob("step_*.jsonl")):
             for key, value in self._file_counts(path).items():
                 totals[key] += value
@@ -107,7 +128,7 @@ class RunCounters:
         cached = self._files.get(path.name)
         if cached is not None and cached[0] == version:
             return cached[1]
-        counts = dict.fromkeys(COUNTERS[1:], 0)
+        counts = dict.fromkeys(COUNTERS[2:], 0)
         for line in path.read_text(encoding="utf-8").splitlines():
             for key, value in tally_episode(json.loads(line)).items():
                 counts[key] += value
@@ -156,7 +177,9 @@ COLUMNS = (
     ("window", "win"),
     ("minutes", "min"),
     ("steps", "steps"),
+    ("updates", "updates"),
     ("episodes", "episodes"),
+    ("invalid", "invalid calls"),
     ("calls", "tool calls"),
     ("answered", "answered"),
     ("answered_pct", "answered %"),

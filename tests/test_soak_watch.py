@@ -70,18 +70,29 @@ def test_run_counters_count_steps_and_tool_calls_and_see_a_rewritten_file(tmp_pa
     ok, raised = ToolOutcome("calculate"), ToolOutcome("calculate", error_kind="exception")
     hung = ToolOutcome("calculate", error_kind="timeout", infra=True)
     refused = ToolOutcome("calculate", error_kind="unavailable", infra=True)
+    bad = ToolOutcome("calculate", error_kind="malformed_json")  # the tool never ran
     (tmp_path / "rollouts").mkdir()
-    rows = [{"step": 1, "loss/total": 0.5}, {"step": 2, "loss/total": 0.4}]
+    rows = [{"step": 1, "train/grad_norm": 0.0}, {"step": 2, "train/grad_norm": 0.3}]
+    rows.append({"step": 2, "train/grad_norm": 0.3})  # logged again after a resume
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "lo'  # a torn last line
     (tmp_path / "metrics.jsonl").write_text(text)
     (tmp_path / "rollouts" / "step_000001.jsonl").write_text(_episode(ok, hung) + _episode())
-    (tmp_path / "rollouts" / "step_000002.jsonl").write_text(_episode(raised, refused, ok))
+    (tmp_path / "rollouts" / "step_000002.jsonl").write_text(_episode(raised, refused, ok, bad))
     counters = RunCounters(tmp_path)
-    # 3 episodes, 5 calls: 3 answered (two ran, one raised), 1 timed out, 1 refused
-    want = {"steps": 2, "episodes": 3, "calls": 5, "answered": 3, "timeouts": 1, "unavailable": 1}
+    # 3 episodes, 1 invalid call, 5 valid: 3 answered (two ran, one raised), 1 timed out, 1 refused
+    want = {
+        "steps": 2,
+        "updates": 1,
+        "episodes": 3,
+        "invalid": 1,
+        "calls": 5,
+        "answered": 3,
+        "timeouts": 1,
+    }
+    want["unavailable"] = 1
     assert counters.read() == want
     (tmp_path / "rollouts" / "step_000002.jsonl").write_text(_episode(ok))  # rewritten on resume
-    assert counters.read() == {**want, "calls": 3, "answered": 2, "unavailable": 0}
+    assert counters.read() == {**want, "invalid": 0, "calls": 3, "answered": 2, "unavailable": 0}
 
 
 # -- windows ----------------------------------------------------------------------------------
@@ -133,7 +144,7 @@ def test_a_window_with_no_call_or_no_process_shows_a_dash() -> None:
     assert rows[0]["answered_pct"] is None and rows[0]["rss_mb"] is None
     lines = format_table(rows).splitlines()
     assert lines[0].split()[:3] == ["win", "min", "steps"]
-    assert lines[1].split() == ["1", "0.2", "0", "0", "0", "0", "-", "0", "0", "-", "-", "-", "0"]
+    assert lines[1].split() == ["1", "0.2"] + ["0"] * 6 + ["-", "0", "0", "-", "-", "-", "0"]
 
 
 # -- the faulty environment -------------------------------------------------------------------
