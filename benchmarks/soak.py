@@ -14,6 +14,16 @@ metric rows for every step exactly once, an exported `final/` model. A run that 
 within its attempts, or fails a check, is *lost*. Prints a table and writes `summary.json`.
 
     .venv/bin/python -m benchmarks.soak --minutes 30 --out runs/soak
+
+With `--long`, one `looprl train` instead runs for `--minutes` on the same warm start, its tool
+hanging, raising and answering malformed output at `--hang-rate`, `--raise-rate` and
+`--malformed-rate` (resumed if it exits). Every `--sample` seconds the soak reads, from outside,
+the steps done and the tool calls of the saved episodes (`benchmarks/soak_watch.py`), and the
+trainer's resident memory, open file descriptors and threads from /proc. It prints a table per
+`--window` minutes (and the whole run) and writes it, with every sample, to `summary.json`; exit
+code 1 when a window trained no step or answered no tool call, or the trainer exited.
+
+    .venv/bin/python -m benchmarks.soak --long --minutes 30 --window 5 --out runs/soak-long
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.soak_watch import RunCounters, Sample, format_table, read_proc, total_row, windows
 from looprl.safe_json import loads_strict
 from looprl.trainer.checkpoint.files import STEP_DIR
 from looprl.trainer.logger import METRICS_FILE, read_metrics
@@ -38,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOAK_ENV = str(ROOT / "benchmarks" / "soak_env.py")
 RECIPE = str(ROOT / "looprl" / "recipes" / "calculator_tiny.toml")
 CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MAX_RESTARTS = 20
+"""--long: resume an exited trainer at most this often (a command that fails at once stops)."""
 
 
 @dataclass
@@ -109,16 +122,21 @@ def damage_newest_checkpoint(run_dir: Path, rng: random.Random) -> bool:
     return True
 
 
+def train_command(sft: Path, out: Path, name: str, steps: int, seed: int) -> list[str]:
+    """`looprl train` of the soak: 16 episodes a step (all saved), no evaluation before the end."""
+    cmd = [sys.executable, "-m", "looprl.cli.main", "train", RECIPE, "--model.name", str(sft)]
+    cmd += ["--env.name", SOAK_ENV, "--trainer.steps", str(steps)]
+    cmd += ["--rollout.tasks_per_step", "4", "--rollout.rollouts_per_task", "4"]
+    cmd += ["--trainer.eval_every", "0", "--trainer.eval_tasks", "8", "--trainer.seed", str(seed)]
+    cmd += ["--trainer.save_rollouts", "16", "--run.tensorboard", "false"]
+    return cmd + ["--run.output_dir", str(out), "--run.name", name]
+
+
 def train_cycle(i: int, out: Path, sft: Path, rng: random.Random, t: Tally, steps: int) -> None:
     """One `looprl train` run, killed and damaged at random, resumed until it finishes."""
     name = f"train-{i:03d}"
     run_dir = out / name
-    cmd = [sys.executable, "-m", "looprl.cli.main", "train", RECIPE, "--model.name", str(sft)]
-    cmd += ["--env.name", SOAK_ENV, "--trainer.steps", str(steps), "--trainer.save_every", "2"]
-    cmd += ["--rollout.tasks_per_step", "4", "--rollout.rollouts_per_task", "4"]
-    cmd += ["--trainer.eval_every", "0", "--trainer.eval_tasks", "8", "--trainer.seed", str(i)]
-    cmd += ["--trainer.save_rollouts", "16", "--run.tensorboard", "false"]
-    cmd += ["--run.output_dir", str(out), "--run.name", name]
+    cmd = train_command(sft, out, name, steps, i) + ["--trainer.save_every", "2"]
     t.train_runs += 1
     for attempt in range(12):
         args = cmd + (["--resume", "--run-dir", str(run_dir)] if attempt else [])
@@ -248,20 +266,123 @@ def _verify_eval(run_dir: Path, t: Tally, name: str) -> None:
         t.lost.append(f"{name}: {exc}")
 
 
+def long_soak(out: Path, sft: Path, args: argparse.Namespace) -> int:
+    """One `looprl train` for `args.minutes` (resumed if it exits), sampled from outside every
+    `args.sample` seconds; prints and saves the table per `args.window` minutes."""
+    run_dir, log_path = out / "long", out / "long.log"
+    if run_dir.exists():
+        print(f"{run_dir} exists from an earlier soak: remove it or pass another --out")
+        return 2
+    cmd = train_command(sft, out, run_dir.name, 10**6, args.seed) + ["--trainer.save_every", "10"]
+    for flag in ("hang_rate", "raise_rate", "malformed_rate"):
+        cmd += [f"--env.kwargs.{flag}", str(getattr(args, flag))]
+    cmd += ["--env.kwargs.huge_every", "3"]  # a third of the malformed answers are huge
+    cmd += ["--env.kwargs.tool_weight", str(args.tool_weight)]
+    counters = RunCounters(run_dir)
+    samples: list[Sample] = []
+    exits: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    deadline = t0 + args.minutes * 60
+    with log_path.open("a") as log:
+
+        def start(argv: list[str]) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV)
+
+        proc = start(cmd)
+        while True:
+            now = time.monotonic()
+            if proc.poll() is not None and now < deadline and len(exits) < MAX_RESTARTS:
+                exits.append(_exit_record(now - t0, proc.returncode, log_path))
+                proc = start(cmd + ["--resume", "--run-dir", str(run_dir)])
+            proc_now = read_proc(proc.pid)
+            t = min(now, deadline) - t0  # the last sample closes the last window, not a new one
+            samples.append(Sample(t, proc=proc_now, restarts=len(exits), **counters.read()))
+            if now >= deadline:
+                break
+            time.sleep(min(args.sample, max(0.0, deadline - time.monotonic())))
+        _stop(proc)
+    return _report_long(out, args, samples, exits)
+
+
+def _exit_record(seconds: float, code: int, log_path: Path) -> dict[str, Any]:
+    """When the trainer exited, its exit code and the last line of its log."""
+    lines = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    return {"minute": round(seconds / 60, 1), "exit_code": code, "last_line": last}
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C the trainer, as a user would; kill it if it has not exited within a minute."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _report_long(
+    out: Path, args: argparse.Namespace, samples: list[Sample], exits: list[dict[str, Any]]
+) -> int:
+    """Print the table per window and write `summary.json`; 1 when a window trained no step or
+    got no tool call answered, or the trainer exited before the end."""
+    rows = windows(samples, args.window * 60)
+    total = total_row(samples)
+    print(format_table([*rows, total]), flush=True)
+    for e in exits:
+        print(
+            f"the trainer exited at minute {e['minute']} (code {e['exit_code']}): {e['last_line']}"
+        )
+    summary = {
+        "mode": "long",
+        "minutes": args.minutes,
+        "window_minutes": args.window,
+        "rates": {k: getattr(args, k) for k in ("hang_rate", "raise_rate", "malformed_rate")},
+        "tool_weight": args.tool_weight,
+        "windows": rows,
+        "total": total,
+        "exits": exits,
+        "samples": [asdict(s) for s in samples],
+        "loadavg_end": os.getloadavg(),
+        "command": " ".join([Path(sys.executable).name, "-m", "benchmarks.soak", *sys.argv[1:]]),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    stalled = [r["window"] for r in rows if not r["steps"] or not r["answered"]]
+    if stalled or exits:
+        print(
+            f"not flat: windows {stalled} trained no step or answered no tool call; "
+            f"{len(exits)} trainer exit(s); see {out / 'long.log'}"
+        )
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the soak and print what happened."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=30.0, help="keep starting cycles this long")
+    p.add_argument("--minutes", type=float, default=30.0, help="how long the soak runs")
     p.add_argument("--out", default="runs/soak", help="working directory (runs, logs, summary)")
     p.add_argument("--steps", type=int, default=6, help="training steps per train cycle")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--long", action="store_true", help="one long `looprl train`, sampled")
+    p.add_argument("--window", type=float, default=5.0, help="--long: minutes per table row")
+    p.add_argument("--sample", type=float, default=10.0, help="--long: seconds between samples")
+    p.add_argument("--hang-rate", type=float, default=0.05, help="--long: tool calls that hang")
+    p.add_argument("--raise-rate", type=float, default=0.05, help="--long: tool calls that raise")
+    p.add_argument("--malformed-rate", type=float, default=0.05, help="--long: malformed answers")
+    p.add_argument("--tool-weight", type=float, default=0.0, help="--long: reward a valid call")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     t0 = time.monotonic()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # started in the background by a shell
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # children may be Ctrl-C'ed
     sft = warm_start(out, args.seed)
     print(f"warm start ready in {time.monotonic() - t0:.0f} s: {sft}", flush=True)
+    if args.long:
+        return long_soak(out, sft, args)
     tally = Tally()
     deadline = time.monotonic() + args.minutes * 60  # the warm start does not count
     i = 0
