@@ -46,6 +46,7 @@ Status = Literal["finished", "finished_with_errors", "failed"]
 UNSCORED = "no episode could be scored"
 """How the headline of an evaluation that scored nothing begins (`verdict`)."""
 
+
 @dataclass
 class EvalJob:
     """An evaluation ready to run.
@@ -69,6 +70,7 @@ class EvalJob:
     max_concurrent_groups: int = 64
     on_group: Callable[[list[EpisodeResult]], None] | None = None
 
+
 @dataclass
 class EvalOutcome:
     """What an evaluation produced: every episode, the summary, the verdict and the time taken.
@@ -84,6 +86,7 @@ class EvalOutcome:
     status: Status
     headline: str
     skipped_lines: int = 0
+
 
 async def run_eval(job: EvalJob) -> EvalOutcome:
     """Run `job` to the end and keep `metadata.json` true whatever happens (see the module doc)."""
@@ -118,6 +121,7 @@ async def run_eval(job: EvalJob) -> EvalOutcome:
         write_text_atomically(job.output / "summary.json", safe_json.dumps(record, indent=2))
     return EvalOutcome(episodes, summary, seconds, status, headline, skipped)
 
+
 def _stopped_by(exc: BaseException) -> dict[str, str]:
     """The metadata `status` and `error` of an evaluation that `exc` stopped."""
     # under asyncio.run, Ctrl-C reaches the running evaluation as a cancellation
@@ -126,6 +130,7 @@ def _stopped_by(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, ToolsHung):  # a stop by design, with its own one-line message
         return {"status": "failed", "error": str(exc)}
     return {"status": "crashed", "error": f"{type(exc).__name__}: {exc}"}
+
 
 def verdict(summary: Summary, episodes: list[EpisodeResult]) -> tuple[Status, str]:
     """(status, headline) of a finished evaluation: `failed` when at least half the episodes
@@ -140,14 +145,17 @@ def verdict(summary: Summary, episodes: list[EpisodeResult]) -> tuple[Status, st
         return "failed", (f"{UNSCORED}: {', '.join(counts)}, first: {first_error(episodes)}")
     return ("failed" if failed else "finished_with_errors" if headline else "finished"), headline
 
+
 def unscored(summary: Summary) -> bool:
     """Whether episodes ran and none of them could be scored."""
     return summary["episodes"] > 0 and summary["scored_episodes"] == 0
+
 
 def _write(job: EvalJob, metadata: dict[str, Any]) -> None:
     if job.output is not None:
         job.output.mkdir(parents=True, exist_ok=True)
         write_metadata(job.output / "metadata.json", metadata)
+
 
 class EvalConfig(BaseModel):
     """What `looprl eval` runs: its flags, typed and validated (see `looprl eval --help`).
@@ -229,6 +237,7 @@ class EvalConfig(BaseModel):
             return os.environ.get(self.api_key_var)
         return self.api_key
 
+
 def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
     """Load the environment (unless given) and the model, server or policy named by `cfg`; the job."""
     from looprl.engines.factory import make_policy
@@ -271,8 +280,10 @@ def eval_job(cfg: EvalConfig, env: Environment | None = None) -> EvalJob:
         max_concurrent_groups=cfg.concurrency,
     )  # fmt: skip
 
+
 Policy = Callable[[list[Message]], str]
 """A scripted policy: the conversation so far -> the next assistant text (see looprl.sft.teachers)."""
+
 
 def load_policy(spec: str, flag: str = "--policy") -> Policy:
     """Import `MODULE:FN` (a module path or a .py file before the colon); ValueError says why not
@@ -297,6 +308,7 @@ def load_policy(spec: str, flag: str = "--policy") -> Policy:
         )
     return fn  # type: ignore[no-any-return]
 
+
 def policy_engine(policy: Policy) -> Engine:
     """A message-level engine that answers each request with `policy(messages)`.
 
@@ -305,6 +317,7 @@ def policy_engine(policy: Policy) -> Engine:
     from looprl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(lambda request: policy(request.messages))
+
 
 def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> EvalOutcome:
     """`looprl eval`'s run: a progress bar, then the summary table, the verdict and the paths."""
@@ -339,6 +352,7 @@ def evaluate_and_report(cfg: EvalConfig, env: Environment | None = None) -> Eval
     )
     return outcome
 
+
 def first_error(episodes: list[EpisodeResult]) -> str:
     """The first recorded error of `episodes`, whole (kind, where, message); empty when none."""
     for ep in episodes:
@@ -346,6 +360,7 @@ def first_error(episodes: list[EpisodeResult]) -> str:
             where = f" in {err['function']}" if err.get("function") else ""
             return f"{err.get('kind')}{where}: {err.get('message', '')}"
     return ""
+
 
 def save_sft_traces(
     env: Environment, episodes: list[EpisodeResult], path: Path, threshold: float
@@ -362,6 +377,7 @@ def save_sft_traces(
     )
     return len(rows)
 
+
 def traces_from_episodes(
     env: Environment, episodes: Iterable[EpisodeResult], threshold: float
 ) -> list[dict[str, Any]]:
@@ -377,6 +393,7 @@ def traces_from_episodes(
         tools = env.for_task(ep.task).tool_schemas
         rows.append({"messages": [m.to_template() for m in ep.messages], "tools": tools})
     return rows
+
 
 async def _with_progress(job: EvalJob) -> EvalOutcome:
     """Run the job showing progress (episodes done, running reward): a bar on a terminal, a line
