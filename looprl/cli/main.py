@@ -79,13 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_gone()
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, with how to resume when there is a way
-        if os.environ.get("LOOPRL_DEBUG"):
-            traceback.print_exc()
-        print(
-            f"interrupted: {exc}" if isinstance(exc, Interrupted) else "interrupted",
-            file=sys.stderr,
-        )
-        return 130
+        return _interrupted(exc)
     except ToolsHung as exc:  # the run stopped by design: one line, finished work is kept
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -97,18 +91,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a disk that takes no more data: one line naming the file
-        line = write_fault_line(exc, _go_on(argv))
-        if line is None:
-            raise  # anything else is a bug, with its traceback
-        if os.environ.get("LOOPRL_DEBUG"):
-            traceback.print_exc()
-        print(line, file=sys.stderr)
-        return 1
+        return _write_fault(exc, argv)
     except SystemExit as exc:  # `raise SystemExit("error: ...")`: a one-line refusal, exit 2
         if not isinstance(exc.code, str):
             raise
         print(exc.code if exc.code.startswith("error:") else f"error: {exc.code}", file=sys.stderr)
         return 2
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Ctrl-C: print one line (how to resume, when there is a way); exit code 130."""
+    if os.environ.get("LOOPRL_DEBUG"):
+        traceback.print_exc()
+    print(f"interrupted: {exc}" if isinstance(exc, Interrupted) else "interrupted", file=sys.stderr)
+    return 130
+
+
+def _write_fault(exc: OSError, argv: list[str]) -> int:
+    """A full or read-only disk: one line naming the file, exit 1; any other OSError re-raised."""
+    line = write_fault_line(exc, _go_on(argv))
+    if line is None:
+        raise exc  # anything else is a bug, with its traceback
+    if os.environ.get("LOOPRL_DEBUG"):
+        traceback.print_exc()
+    print(line, file=sys.stderr)
+    return 1
 
 
 def _go_on(argv: list[str]) -> str:
