@@ -278,6 +278,7 @@ def long_soak(out: Path, sft: Path, args: argparse.Namespace) -> int:
         cmd += [f"--env.kwargs.{flag}", str(getattr(args, flag))]
     cmd += ["--env.kwargs.huge_every", "3"]  # a third of the malformed answers are huge
     cmd += ["--env.kwargs.tool_weight", str(args.tool_weight)]
+    cmd += ["--env.kwargs.tool_isolation", args.tool_isolation]
     counters = RunCounters(run_dir)
     samples: list[Sample] = []
     exits: list[dict[str, Any]] = []
@@ -371,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hang-rate", type=float, default=0.05, help="--long: tool calls that hang")
     p.add_argument("--raise-rate", type=float, default=0.05, help="--long: tool calls that raise")
     p.add_argument("--malformed-rate", type=float, default=0.05, help="--long: malformed answers")
+    p.add_argument(
+        "--tool-isolation",
+        choices=("thread", "process"),
+        default="process",
+        help="--long: where sync tool calls run (process: a hung call's child is killed; thread: "
+        "hung threads pile up until the run stops and is resumed)",
+    )
     p.add_argument("--tool-weight", type=float, default=0.0, help="--long: reward a valid call")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
