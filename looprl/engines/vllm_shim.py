@@ -6,6 +6,8 @@ The shim asks the kernel for SIGTERM when its parent (the trainer) dies, for any
 including SIGKILL (`PR_SET_PDEATHSIG`), and runs vLLM in its own process group, which vLLM's
 engine and worker processes inherit. On that signal, or on SIGTERM/SIGINT from `VLLMServer.stop`,
 it kills the whole group. It runs under the vLLM venv's python and imports nothing from looprl.
+`die_with_parent` is also how `looprl train --nproc N` ties torchrun to the launcher and each
+rank to torchrun (`looprl.cli.torchrun`).
 """
 
 import ctypes
@@ -15,14 +17,23 @@ import subprocess
 import sys
 
 PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up once: safe to call after a fork
+
+
+def die_with_parent(sig: int, parent: int) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies (Linux `PR_SET_PDEATHSIG`).
+
+    `parent` is the PID the caller expects as its parent, read before the request: False when
+    the parent is another by the time the request took effect (it died first: no signal will
+    come), so the caller exits itself. Safe in a `preexec_fn` (no lookup, no allocation).
+    """
+    _prctl(PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent
 
 
 def main() -> int:
     """Start the command after `--` and wait for it; kill its whole group when told or orphaned."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if not die_with_parent(signal.SIGTERM, os.getppid()):
         return 1
     cmd = sys.argv[sys.argv.index("--") + 1 :]
     child = subprocess.Popen(cmd)
