@@ -112,7 +112,7 @@ def _train_parser(sub: Any) -> None:
 
 
 def torchrun_command(argv: list[str], nproc: int) -> list[str]:
-    """`python -m torch.distributed.run --nproc-per-node N -m looprl.cli.main ARGV` (ARGV without --nproc)."""
+    """`python -m torch.distributed.run --nproc-per-node N -m looprl ARGV` (ARGV without --nproc)."""
     rest, i = [], 0
     while i < len(argv):
         if argv[i] == "--nproc":
@@ -122,17 +122,21 @@ def torchrun_command(argv: list[str], nproc: int) -> list[str]:
             rest.append(argv[i])
         i += 1
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "-m", "looprl.cli.main", *rest]  # fmt: skip
+            "-m", "looprl", *rest]  # fmt: skip
 
 
 def train_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, Path | None]:
     """The run's config (its paths absolute) and directory. `--resume --run-dir DIR` without a
     TOML file continues with the config the run recorded (overrides still apply), not with the
-    defaults; a resumed config that changes what the run learns is refused unless `--force`."""
+    defaults; a resumed config that changes what the run learns is refused unless `--force`, and
+    a directory a live trainer holds is refused first."""
     from looprl.trainer.config import ConfigError, load_config, parse_cli_overrides, recorded_config
     from looprl.trainer.run_config import absolute_paths
+    from looprl.trainer.run_lock import check_run_free
 
     run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is not None:  # a live trainer there: its one line before any other complaint
+        check_run_free(run_dir)
     base = recorded_config(run_dir) if args.resume and run_dir and args.config is None else None
     cfg = absolute_paths(load_config(args.config, parse_cli_overrides(extra), base=base))
     if args.resume and run_dir is None:
@@ -173,14 +177,16 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
     cfg, run_dir = train_config(args, extra)
     check_model(cfg.model.name, "--model.name")
     if args.nproc > 1:  # the config is valid: each rank re-reads it under torchrun
-        import subprocess
-
-        if args.resume and run_dir is not None:  # a checkpoint of another N: one line, no launch
-            from looprl.trainer.checkpoint.sharded import check_resume_world
-
-            check_resume_world(run_dir, args.nproc)
-        return subprocess.call(torchrun_command(args.argv, args.nproc))
+        return _launch(args, cfg, run_dir)
+    from looprl.trainer.distributed import torchrun_world_size
     from looprl.trainer.trainer import Trainer
+
+    argv, world = args.argv, torchrun_world_size()
+    if world > 1:  # a rank: it ends when torchrun's agent does; a resume needs --nproc again
+        from looprl.cli.torchrun import stay_with_launcher
+
+        stay_with_launcher()
+        argv = [*argv, "--nproc", str(world)]
 
     trainer = Trainer(cfg, run_dir=run_dir, resume=args.resume)
     try:
@@ -188,8 +194,24 @@ def run_train_command(args: argparse.Namespace, extra: list[str]) -> int:
     except KeyboardInterrupt:
         from looprl.cli.interrupts import train_interrupted
 
-        raise train_interrupted(args.argv, trainer.run_dir) from None
+        raise train_interrupted(argv, trainer.run_dir) from None
     return 0
+
+
+def _launch(args: argparse.Namespace, cfg: Any, run_dir: Path | None) -> int:
+    """Start torchrun tied to this process (`looprl.cli.torchrun`), once the run directory is
+    free and, on resume, its checkpoint was written by `--nproc` processes."""
+    from looprl.cli.torchrun import launch
+    from looprl.trainer.run_lock import check_run_free
+
+    target = run_dir or (Path(cfg.run.output_dir) / cfg.run.name if cfg.run.name else None)
+    if target is not None:
+        check_run_free(target)  # a live trainer there: one line, no launch
+    if args.resume and run_dir is not None:  # a checkpoint of another N: one line, no launch
+        from looprl.trainer.checkpoint.sharded import check_resume_world
+
+        check_resume_world(run_dir, args.nproc)
+    return launch(torchrun_command(args.argv, args.nproc))
 
 
 def _sft_parser(sub: Any) -> None:

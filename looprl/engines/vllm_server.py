@@ -62,6 +62,25 @@ def reload_weights(base_url: str, weights_dir: Path, timeout: float = 120.0) -> 
         ) from None
 
 
+def url_problem(base_url: str, timeout: float = 5.0) -> str | None:
+    """Why `base_url` cannot be a vLLM server's URL (not http(s), no server answers), or None.
+
+    Any HTTP answer at `ROOT/health` counts as a server: what it serves is checked later.
+    """
+    try:
+        host = httpx.URL(base_url).host if base_url.startswith(("http://", "https://")) else ""
+    except httpx.InvalidURL:
+        host = ""
+    if not host:
+        return "not an http(s) URL; give each server as http://HOST:PORT/v1"
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        httpx.get(f"{root}/health", timeout=timeout)
+    except httpx.HTTPError as exc:
+        return f"no server answers ({exc}); start the vLLM server there first, or fix the URL"
+    return None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

@@ -8,7 +8,8 @@ engine and worker processes inherit. On that signal, or on SIGTERM/SIGINT from `
 it kills the whole group. When the parent has died (its parent is no longer the one that started
 it), it first removes each `--remove-if-orphaned` path: the trainer's model export and weights in
 RAM, and the server log of a server that never failed. It runs under the vLLM venv's python and
-imports nothing from looprl.
+imports nothing from looprl. `die_with_parent` is also how `looprl train --nproc N` ties torchrun
+to the launcher and each rank to torchrun (`looprl.cli.torchrun`).
 """
 
 import contextlib
@@ -38,13 +39,25 @@ def remove(path: str) -> None:
             os.unlink(path)
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up once: safe to call after a fork
+
+
+def die_with_parent(sig: int, parent: int) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies (Linux `PR_SET_PDEATHSIG`).
+
+    `parent` is the PID the caller expects as its parent, read before the request: False when
+    the parent is another by the time the request took effect (it died first: no signal will
+    come), so the caller exits itself. Safe in a `preexec_fn` (no lookup, no allocation).
+    """
+    _prctl(PR_SET_PDEATHSIG, sig)
+    return os.getppid() == parent
+
+
 def main() -> int:
     """Start the command after `--` and wait for it; kill its whole group when told or orphaned."""
     parent = os.getppid()
     paths = orphan_paths(sys.argv)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if not die_with_parent(signal.SIGTERM, parent):  # the parent died before the request
         for path in paths:
             remove(path)
         return 1

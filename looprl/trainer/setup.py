@@ -32,6 +32,17 @@ def load_env(cfg: TrainConfig) -> Any:
         raise ConfigError(f"env.name: {exc}") from None
 
 
+def check_servers(cfg: TrainConfig) -> None:
+    """A ConfigError naming the value and the fix for an `engine.base_urls` entry that is not an
+    http(s) URL or where no server answers (checked before the run directory is made)."""
+    from looprl.engines.vllm_server import url_problem
+
+    for url in cfg.engine.base_urls:
+        problem = url_problem(url)
+        if problem:
+            raise ConfigError(f"--engine.base_urls {url!r}: {problem}")
+
+
 def pick_device(name: str | None) -> torch.device:
     """cuda when available (or asked for), else cpu."""
     if name:

@@ -31,6 +31,7 @@ from looprl.trainer.nonfinite import NonFiniteGuard
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhases
 from looprl.trainer.run_config import absolute_paths
+from looprl.trainer.run_lock import RunLock, check_run_free
 from looprl.trainer.run_summary import RunStatus, write_run_summary
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
@@ -55,6 +56,8 @@ class Trainer:
             or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
         self.run_dir = run_dir or Path(cfg.run.output_dir) / name
+        check_run_free(self.run_dir)  # a live trainer there: one line, nothing written
+        S.check_servers(cfg)  # engine.base_urls: each an http(s) URL where a server answers
         metrics = self.run_dir / "metrics.jsonl"
         if not resume and metrics.is_file() and metrics.stat().st_size > 0:
             raise ConfigError(  # before anything is written: the earlier run stays intact
@@ -72,6 +75,7 @@ class Trainer:
         self.resume = resume
         self.dist: D.Dist | None = None  # set by _setup under torchrun
         self.is_main = True  # rank 0 (or the only process): it alone logs and writes files
+        self._lock: RunLock | None = None  # rank 0's hold on the run directory, for the run
         self._closers: list[
             Callable[[], Coroutine[Any, Any, None]]
         ] = []  # run on a failed run's way out
@@ -158,6 +162,7 @@ class Trainer:
 
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = RunLock(self.run_dir)  # before restoring or writing anything
         restored = self.resume and self._restore()  # False: a new run, or no checkpoint yet
         if self.is_main:  # the config the run goes on with (a resume changed safe fields only)
             record = json.dumps(self._config_record(), indent=2)
@@ -255,11 +260,13 @@ class Trainer:
             if hasattr(self, "logger"):
                 self.logger.close()
             self._write_summary(status, error, time.monotonic() - start)
+            if self._lock is not None:
+                self._lock.release()
 
     def _write_summary(self, status: RunStatus, error: str | None, seconds: float) -> None:
-        """`RUN/summary.json` (rank 0, once the run directory exists); a phase status is cleared."""
+        """`RUN/summary.json` (rank 0, once it holds the run directory); a phase status is cleared."""
         self.phases.end()
-        if self.is_main and self.run_dir.is_dir():
+        if self._lock is not None:
             write_run_summary(
                 self.run_dir, status=status, steps=self.cfg.trainer.steps, seconds=seconds,
                 error=error,
