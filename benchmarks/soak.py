@@ -278,7 +278,7 @@ def long_soak(out: Path, sft: Path, args: argparse.Namespace) -> int:
         cmd += [f"--env.kwargs.{flag}", str(getattr(args, flag))]
     cmd += ["--env.kwargs.huge_every", "3"]  # a third of the malformed answers are huge
     cmd += ["--env.kwargs.tool_weight", str(args.tool_weight)]
-    cmd += ["--env.kwargs.tool_isolation", args.tool_isolation]
+    cmd += ["--env.kwargs.tool_isolation", args.tool_isolation, "--optim.lr", str(args.lr)]
     counters = RunCounters(run_dir)
     samples: list[Sample] = []
     exits: list[dict[str, Any]] = []
@@ -379,7 +379,16 @@ def main(argv: list[str] | None = None) -> int:
         help="--long: where sync tool calls run (process: a hung call's child is killed; thread: "
         "hung threads pile up until the run stops and is resumed)",
     )
-    p.add_argument("--tool-weight", type=float, default=0.0, help="--long: reward a valid call")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=1e-5,
+        help="--long: learning rate (the recipe's 1e-4 turns the tiny model to gibberish within "
+        "a few hundred steps, and then it calls no tool)",
+    )
+    p.add_argument(
+        "--tool-weight", type=float, default=0.5, help="--long: reward for using the tool"
+    )
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from looprl.envs.base import Environment
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import rollout
 from looprl.trainer.config import TrainConfig, load_config
-from looprl.types import EpisodeResult, Message, Task
+from looprl.types import EpisodeResult, Message, Task, ToolCall
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
@@ -244,3 +244,18 @@ def model_text(rng: random.Random, *, raw_surrogates: bool = True) -> str:
         else:
             parts.append(rng.choice(["The answer is 4.", "4", "", "answer: \\ud800", "{"]))
     return " ".join(parts)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a + b
+
+
+def tool_call(name: str, i: int, **arguments: Any) -> ToolCall:
+    """A structured call of tool `name` with id `call_i`."""
+    return ToolCall(name=name, arguments=arguments, id=f"call_{i}")

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import add
+from helpers import tool_call as call
 
 from looprl.cli.main import main
 from looprl.engines.scripted import ScriptedEngine
@@ -27,7 +29,6 @@ from looprl.rollout.loop import run_group
 from looprl.testing.fake_openai import FakeOpenAIServer, FakeReply
 from looprl.tools import MALFORMED_JSON, TIMEOUT, ToolExecutor, ToolsHung
 from looprl.tools.threads import ToolThreads
-from looprl.types import ToolCall
 
 HANG_ENV = str(Path(__file__).parent / "envs" / "hang_env.py")
 RELEASE = threading.Event()
@@ -41,20 +42,6 @@ def stuck(seconds: float) -> str:
     """
     RELEASE.wait()
     return "released"
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first.
-        b: second.
-    """
-    return a + b
-
-
-def call(name: str, i: int, **arguments) -> ToolCall:
-    return ToolCall(name=name, arguments=arguments, id=f"call_{i}")
 
 
 async def test_hung_sync_calls_do_not_starve_other_tools() -> None:

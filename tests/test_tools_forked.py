@@ -9,9 +9,10 @@ import threading
 import time
 
 import pytest
+from helpers import add
+from helpers import tool_call as call
 
 from looprl.tools import TIMEOUT, ToolError, ToolExecutor, ToolReply
-from looprl.types import ToolCall
 
 RELEASE = threading.Event()  # set only by the thread-mode test, to end its hung threads
 
@@ -24,20 +25,6 @@ def sleep_forever(seconds: float) -> str:
     """
     RELEASE.wait()
     return "released"
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first.
-        b: second.
-    """
-    return a + b
-
-
-def call(name: str, i: int, **arguments) -> ToolCall:
-    return ToolCall(name=name, arguments=arguments, id=f"call_{i}")
 
 
 def open_fds() -> int:

@@ -185,8 +185,8 @@ HOSTILE_DIR = "run <img src=x onerror=window.__xss=3>"
 @pytest.fixture
 def hostile_dir(tmp_path: Path) -> Path:
     """A training run and an eval directory whose every field (and names) carry HTML payloads."""
-    tok = build_tokenizer(tmp_path / "tok")
     root = tmp_path / "runs"
+    tok = build_tokenizer(root / HOSTILE_DIR / "final")  # the run's own: the viewer follows it
     run = write_hostile_run(root / HOSTILE_DIR, PAYLOAD, encode=hf_encoder(tok))
     (run / "config.json").write_text(json.dumps({"model": str(tok), "note": PAYLOAD}))
     with open(run / "rollouts" / "step_000001.jsonl", "a") as f:
