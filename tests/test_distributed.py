@@ -251,3 +251,17 @@ def test_two_processes_train_against_a_vllm_server(tmp_path):
     final = load_file(tmp_path / "run" / "final" / "model.safetensors")
     start = load_model("tiny")[0].state_dict()
     assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-3
+
+
+def test_two_ranks_share_a_default_run_name_and_stop_early_together(tmp_path):
+    """Without run.name or --run-dir both ranks open the one directory the launcher stamped, and
+    an early stop that rank 0 decides ends every rank's loop (no rank waits in a collective)."""
+    args = [*ARGS, "--trainer.steps", "3", "--run.output_dir", str(tmp_path),
+            "--trainer.early_stop_metric", "reward/mean", "--trainer.early_stop_value", "-1"]  # fmt: skip
+    cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # one directory, not one per rank
+    assert "early stop: reward/mean reached" in done.stdout
+    assert [row["step"] for row in _metrics(run_dir)] == [1]
+    assert (run_dir / "final" / "model.safetensors").is_file()

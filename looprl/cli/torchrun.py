@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from looprl.engines.vllm_shim import die_with_parent
+from looprl.trainer.run_lock import RUN_STAMP_ENV, run_stamp
 
 LAUNCHER_ENV = "LOOPRL_LAUNCHER_PID"
 """The launcher's PID, in torchrun's environment and so in every rank's."""
@@ -75,7 +76,7 @@ def launch(cmd: list[str]) -> int:
             os._exit(1)  # the launcher is already gone
 
     job = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, env={**os.environ, LAUNCHER_ENV: str(parent)},
+        cmd, stderr=subprocess.PIPE, env=_job_env(parent),
         preexec_fn=tie_to_launcher, start_new_session=True,  # Ctrl-C reaches it once: forwarded
     )  # fmt: skip
     stderr_filter = StderrFilter(sys.stderr.buffer)
@@ -95,6 +96,11 @@ def launch(cmd: list[str]) -> int:
     if code and stderr_filter.one_liners:  # what `looprl.cli.main` returns for that line
         return 130 if stderr_filter.one_liners[0].startswith(b"interrupted") else 2
     return code
+
+
+def _job_env(launcher: int) -> dict[str, str]:
+    """torchrun's environment: the launcher's PID, and one run-name stamp for every rank."""
+    return {RUN_STAMP_ENV: run_stamp(), **os.environ, LAUNCHER_ENV: str(launcher)}
 
 
 def _copy(pipe: IO[bytes], stderr_filter: StderrFilter) -> None:

@@ -17,6 +17,14 @@ from pathlib import Path
 from looprl.trainer.config import ConfigError
 
 LOCK_NAME = "trainer.lock"
+RUN_STAMP_ENV = "LOOPRL_RUN_STAMP"
+"""Set by the `--nproc` launcher: the time stamp every rank puts in a default run name."""
+
+
+def run_stamp() -> str:
+    """The time stamp of a run named by default (`ENV-PRESET-STAMP`): the launcher's under
+    torchrun, so that every rank opens the same run directory; else now."""
+    return os.environ.get(RUN_STAMP_ENV) or time.strftime("%Y%m%d-%H%M%S")
 
 
 class RunInUse(ConfigError):

@@ -31,7 +31,7 @@ from looprl.trainer.nonfinite import NonFiniteGuard
 from looprl.trainer.precision import compute_dtype
 from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhases
 from looprl.trainer.run_config import absolute_paths
-from looprl.trainer.run_lock import RunLock, check_run_free
+from looprl.trainer.run_lock import RunLock, check_run_free, run_stamp
 from looprl.trainer.run_summary import RunStatus, write_run_summary
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
@@ -51,10 +51,7 @@ class Trainer:
     ) -> None:
         self.cfg = cfg = absolute_paths(cfg)  # config.json holds no path of this folder's
         self.env = S.load_env(cfg)  # before any heavy work: a bad env name fails fast
-        name = (
-            cfg.run.name
-            or f"{self.env.name}-{cfg.algorithm.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
+        name = cfg.run.name or f"{self.env.name}-{cfg.algorithm.preset}-{run_stamp()}"
         self.run_dir = run_dir or Path(cfg.run.output_dir) / name
         check_run_free(self.run_dir)  # a live trainer there: one line, nothing written
         S.check_servers(cfg)  # engine.base_urls: each an http(s) URL where a server answers
@@ -318,10 +315,12 @@ class Trainer:
             if step % cfg.save_every == 0 or step == cfg.steps:
                 self._checkpoint()
                 self._plot()
-            if self._early_stop(metrics) and self.is_main:
-                console.print(
-                    f"early stop: {cfg.early_stop_metric} reached {metrics[cfg.early_stop_metric or '']:.3f}"
-                )
+            if self._early_stop(metrics):  # rank 0's verdict, so every rank leaves the loop
+                if self.is_main:
+                    console.print(
+                        f"early stop: {cfg.early_stop_metric} reached "
+                        f"{metrics[cfg.early_stop_metric or '']:.3f}"
+                    )
                 if step % cfg.save_every:
                     self._checkpoint()
                 self.stopped_early = True
