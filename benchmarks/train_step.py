@@ -8,6 +8,10 @@ whose groups disagree (a warm-started one such as `runs/demo/sft`) to time the u
     .venv/bin/python -m benchmarks.train_step --models runs/demo/sft smollm2-135m --steps 4
     .venv/bin/python -m benchmarks.train_step --quick          # smoke-sized
 
+`--compare-ref REF` runs the same step on a git ref's code and on the working tree, interleaved
+over `--rounds`, and prints the pairwise speed-up and forwarded positions per trained token
+(`benchmarks/compare_ref.py`).
+
 `--nproc 1 2` instead times `looprl train --nproc N` (torchrun and FSDP2 for N > 1, each
 process with `--threads` threads) and prints one row per model and N: seconds per step, its
 generate / train / sync split (rank 0's clock; the batch is split over the ranks) and the
@@ -127,9 +131,20 @@ def main() -> None:
         help="time looprl train --nproc N for each N given (torchrun + FSDP2 when N > 1)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="threads per process with --nproc")
+    p.add_argument(
+        "--compare-ref", default=None, metavar="REF",
+        help="time the same step on git REF's code and on the working tree, interleaved",
+    )  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3, help="--compare-ref: runs on each code")
     args = p.parse_args()
     if args.quick:
         args.models, args.steps, args.tasks, args.rollouts = ["tiny"], 2, 2, 2
+    if args.compare_ref:
+        from benchmarks.compare_ref import compare
+
+        for model in args.models:
+            console.print(compare(args.compare_ref, model, args))
+        return
     if args.nproc:
         if min(args.nproc) < 1 or args.threads < 1:
             raise SystemExit("error: --nproc and --threads take numbers >= 1")

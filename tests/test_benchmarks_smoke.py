@@ -26,6 +26,12 @@ def test_train_step_benchmark_quick():
     assert "s / step" in out and "tiny" in out
 
 
+def test_train_step_compare_ref_quick():
+    """The step on HEAD's code and on the working tree, one round each: a ratio is printed."""
+    out = _run("-m", "benchmarks.train_step", "--quick", "--compare-ref", "HEAD", "--rounds", "1")
+    assert "HEAD vs working tree" in out and "median" in out and "x (" in out, out
+
+
 def test_engine_benchmark_quick():
     out = _run("-m", "benchmarks.engine", "--quick")
     assert "tok/s" in out or "tokens/s" in out
