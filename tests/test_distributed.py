@@ -105,6 +105,29 @@ def test_two_processes_train_to_the_single_process_weights(tmp_path):
     assert (manifest["weights"], manifest["world"]) == ("sharded", 2)
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_two_processes_on_prefix_trees_train_to_the_unshared_weights(tmp_path, lora):
+    """FSDP2 on 2 ranks forwarding prefix trees against 1 process forwarding each sample alone."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = [*ARGS, "--model.lora", str(lora).lower()]
+    unshared = [*args, "--trainer.shared_prefix", "false"]
+    Trainer(load_config(None, parse_cli_overrides(unshared)), run_dir=one).run()
+    cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--run-dir", str(two), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    a, b = (load_file(run / "final" / "model.safetensors") for run in (one, two))
+    diffs = torch.cat([(a[k] - b[k]).abs().flatten() for k in a])  # (P,)
+    print(f"unshared 1 process vs prefix trees on 2: max {float(diffs.max()):.3g}, "
+          f"{int((diffs > 1e-6).sum())} of {diffs.numel()} above 1e-6")  # fmt: skip
+    assert float(diffs.max()) <= (LORA_MAX_DIFF if lora else WEIGHT_MAX_DIFF)
+    assert float((diffs > 1e-6).float().mean()) <= 1e-4
+    for r1, r2 in zip(_metrics(one), _metrics(two), strict=True):
+        assert r1["reward/mean"] == r2["reward/mean"] and r1["train/tokens"] == r2["train/tokens"]
+        assert r2["loss/total"] == pytest.approx(r1["loss/total"], abs=1e-5)
+        assert r2["train/grad_norm"] == pytest.approx(r1["train/grad_norm"], rel=1e-4)
+        assert r2["train/forward_positions"] < r1["train/forward_positions"]
+
+
 def _train(run_dir: Path, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
     if fault:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", FAULT,

@@ -1,7 +1,9 @@
 """From scored episodes to training tensors: samples with group advantages, micro-batches, padding.
 
 Micro-batching and padding take any `Tokens` (ids and a loss mask), so SFT shares them. Scoring
-the tokens with the model is `looprl.models.forward.forward_logprobs`.
+the tokens with the model is `looprl.models.forward.forward_logprobs`. With shared prefixes
+(`prefix_micro_batches`, `pack_prefixes`) a micro-batch's samples are also laid out as one prefix
+tree, so a group's prompt and every common earlier turn is forwarded once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from looprl.algorithms.objective import group_advantages
 from looprl.algorithms.presets import AlgorithmConfig
+from looprl.models.forward import Packed
 from looprl.types import EpisodeResult
 
 
@@ -113,6 +116,91 @@ def micro_batches(samples: Sequence[SeqT], token_budget: int) -> list[list[SeqT]
     return batches
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_micro_batches(samples: Sequence[SeqT], token_budget: int) -> list[list[SeqT]]:
+    """Split sequences, in token order, into micro-batches of at most `token_budget` tree nodes.
+
+    Sorting the token lists lexicographically puts sequences that share a prefix side by side,
+    and a sequence's longest prefix shared with any earlier one is the one it shares with its
+    predecessor, so it adds len - that many nodes to its micro-batch's prefix tree
+    (`pack_prefixes`). A sequence longer than the budget gets a micro-batch of its own.
+    """
+    batches: list[list[SeqT]] = []
+    current: list[SeqT] = []
+    nodes = 0
+    for s in sorted(samples, key=lambda s: s.token_ids):
+        new = len(s.token_ids) - (
+            _common_prefix(current[-1].token_ids, s.token_ids) if current else 0
+        )
+        if current and nodes + new > token_budget:
+            batches.append(current)
+            current, nodes, new = [], 0, len(s.token_ids)
+        current.append(s)
+        nodes += new
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _prefix_tree(
+    seqs: Sequence[list[int]],
+) -> tuple[list[int], list[int], list[list[int]], list[tuple[int, int]]]:
+    """(node tokens, node depths, each sequence's node path, (sequence, nodes it shares) in order).
+
+    Sequences are taken in lexicographic order; each adds the nodes past the prefix it shares
+    with its predecessor, which is its longest prefix shared with any earlier sequence.
+    """
+    tokens: list[int] = []
+    depth: list[int] = []
+    paths: list[list[int]] = [[] for _ in seqs]
+    added: list[tuple[int, int]] = []
+    prev_seq: list[int] = []
+    prev_path: list[int] = []
+    for i in sorted(range(len(seqs)), key=lambda i: seqs[i]):
+        seq = seqs[i]
+        shared = _common_prefix(prev_seq, seq)
+        start = len(tokens)
+        tokens.extend(seq[shared:])
+        depth.extend(range(shared, len(seq)))
+        paths[i] = prev_path[:shared] + list(range(start, len(tokens)))
+        added.append((i, shared))
+        prev_seq, prev_path = seq, paths[i]
+    return tokens, depth, paths, added
+
+
+def pack_prefixes(seqs: Sequence[list[int]]) -> Packed:
+    """The prefix tree of `seqs` as one packed row (`looprl.models.forward.Packed`), on the CPU.
+
+    Nodes are laid out in depth-first order (`_prefix_tree`), so a node's ancestors precede it.
+    Node j may attend node i when i lies on j's path from the root. No padding: the row holds
+    exactly the distinct prefixes; `node_index` (B, T) gives each sequence's token t its node.
+    """
+    tokens, depth, paths, added = _prefix_tree(seqs)
+    allowed = torch.zeros((len(tokens), len(tokens)), dtype=torch.bool)  # (L, L)
+    for i, shared in added:
+        path = torch.tensor(paths[i], dtype=torch.long)  # (T_i,)
+        below = torch.ones((len(path), len(path)), dtype=torch.bool).tril()[shared:]  # (new, T_i)
+        allowed[path[shared:, None], path[None, :]] = below  # new nodes see their own path
+    node_index = torch.zeros((len(seqs), max(len(s) for s in seqs)), dtype=torch.long)  # (B, T)
+    for i, path_i in enumerate(paths):
+        node_index[i, : len(path_i)] = torch.tensor(path_i, dtype=torch.long)
+    return Packed(
+        input_ids=torch.tensor([tokens], dtype=torch.long),  # (1, L)
+        position_ids=torch.tensor([depth], dtype=torch.long),  # (1, L)
+        allowed=allowed[None, None],  # (1, 1, L, L)
+        node_index=node_index,
+    )
+
+
 def pad_right(
     seqs: Sequence[Tokens], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,10 +236,28 @@ class Batch:
     sampler_logprobs: torch.Tensor
     advantages: torch.Tensor
     rewards: torch.Tensor
+    packed: Packed | None = None  # the samples as one prefix tree, forwarded instead of input_ids
+
+    @property
+    def positions(self) -> int:
+        """Positions a forward of this micro-batch computes (a shared prefix counts once)."""
+        if self.packed is not None:
+            return int(self.packed.input_ids.numel())
+        return int(self.attention_mask.sum())
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> Batch:
-    """Right-pad a micro-batch (`pad_right`) into tensors on `device`."""
+def collate(
+    samples: list[Sample], pad_id: int, device: torch.device | str, *, shared_prefix: bool = False
+) -> Batch:
+    """Right-pad a micro-batch (`pad_right`) into tensors on `device`.
+
+    With `shared_prefix` the batch also carries the samples' prefix tree (`pack_prefixes`), which
+    the forward runs instead of the padded rows.
+    """
+    packed = None
+    if shared_prefix:
+        tree = pack_prefixes([s.token_ids for s in samples])
+        packed = Packed(*(t.to(device) for t in tree))
     ids, attn, mask = pad_right(samples, pad_id)  # (B, T) each
     b, t_max = ids.shape
     lps = torch.zeros((b, t_max), dtype=torch.float32)
@@ -168,4 +274,5 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
         sampler_logprobs=lps[:, 1:].to(device),  # (B, T-1)
         advantages=adv.contiguous().to(device),  # (B, T-1)
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
+        packed=packed,
     )

@@ -185,6 +185,11 @@ class TrainerSection(_Section):
     micro_batch_tokens: int = Field(
         8192, ge=64, description="token budget of one forward/backward micro-batch"
     )
+    shared_prefix: bool = Field(
+        True,
+        description="forward each micro-batch as one prefix tree: a prompt or earlier turn shared "
+        "by samples is computed once (same loss and gradient); false: each sample padded alone",
+    )
     max_async_steps: int = Field(
         0,
         ge=0,
