@@ -60,7 +60,7 @@ def grouped_samples(seed: int = 0, groups: int = 3, size: int = 4) -> list[B.Sam
 
 def test_tree_layout_by_hand():
     seqs = [[1, 2, 5], [1, 2, 3, 4, 6, 7], [9, 8], [1, 2, 3, 4]]
-    p = B.pack_prefixes(seqs)
+    p = B.pack_prefixes(seqs, 100)
     # depth-first, lexicographic: 1 2 3 4 | 6 7 | 5 | 9 8
     assert p.input_ids.tolist() == [[1, 2, 3, 4, 6, 7, 5, 9, 8]]
     assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 2, 0, 1]]
@@ -70,40 +70,59 @@ def test_tree_layout_by_hand():
     assert torch.nonzero(allowed[6]).flatten().tolist() == [0, 1, 6]  # 5 sees 1 2, not 3 4
     assert torch.nonzero(allowed[5]).flatten().tolist() == [0, 1, 2, 3, 4, 5]
     assert torch.nonzero(allowed[8]).flatten().tolist() == [7, 8]  # nothing shared
-    assert B.pack_prefixes([[3, 1], [3, 1]]).input_ids.tolist() == [[3, 1]]  # duplicates: once
+    assert B.pack_prefixes([[3, 1], [3, 1]], 100).input_ids.tolist() == [[3, 1]]  # duplicates: once
+
+
+def test_rows_of_a_capped_tree_by_hand():
+    seqs = [[1, 2, 5], [1, 2, 3, 4, 6, 7], [9, 8], [1, 2, 3, 4]]
+    p = B.pack_prefixes(seqs, 6)  # 1 2 3 4 6 7 fills a row; 1 2 5 starts again, 9 8 joins it
+    assert p.input_ids.tolist() == [[1, 2, 3, 4, 6, 7], [1, 2, 5, 9, 8, 0]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]]
+    assert p.node_index[0].tolist() == [6, 7, 8, 0, 0, 0]  # row 1 starts at flat node 6
+    allowed = p.allowed[:, 0]
+    assert torch.nonzero(allowed[1, 4]).flatten().tolist() == [3, 4]  # 8 sees 9 and itself
+    assert torch.nonzero(allowed[1, 5]).flatten().tolist() == [5]  # padding sees itself alone
+    assert B.prefix_rows(seqs, 6) == [([3, 1], 6), ([0, 2], 5)]
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_tree_is_each_distinct_prefix_once_attending_its_ancestors(seed):
+@pytest.mark.parametrize("row_tokens", [10_000, 40])
+def test_tree_is_each_distinct_prefix_once_attending_its_ancestors(seed, row_tokens):
     data = grouped_samples(seed)
     seqs = [s.token_ids for s in data]
-    p = B.pack_prefixes(seqs)
-    prefixes = {tuple(s[: t + 1]) for s in seqs for t in range(len(s))}
-    assert p.input_ids.shape[1] == len(prefixes)  # every distinct prefix exactly once
-    allowed = p.allowed[0, 0]
+    p = B.pack_prefixes(seqs, row_tokens)
+    rows, width = p.input_ids.shape
+    if row_tokens > 1000:  # one row: every distinct prefix exactly once
+        assert rows == 1 and width == len({tuple(s[: t + 1]) for s in seqs for t in range(len(s))})
+    else:
+        assert rows > 1 and width <= max(row_tokens, max(len(s) for s in seqs))
+    # flat views: node n is row n // width, column n % width; a node attends within its row
+    flat = p.allowed[:, 0].flatten(0, 1)  # (R * L, L)
     for b, s in enumerate(seqs):
         path = p.node_index[b, : len(s)]
-        assert p.input_ids[0, path].tolist() == s
-        assert p.position_ids[0, path].tolist() == list(range(len(s)))
+        row = int(path[0]) // width
+        assert bool((path // width == row).all())
+        assert p.input_ids.flatten()[path].tolist() == s
+        assert p.position_ids.flatten()[path].tolist() == list(range(len(s)))
         for t in range(len(s)):
-            assert set(torch.nonzero(allowed[path[t]]).flatten().tolist()) == set(
-                path[: t + 1].tolist()
-            )
+            seen = torch.nonzero(flat[path[t]]).flatten() + row * width
+            assert set(seen.tolist()) == set(path[: t + 1].tolist())
 
 
-def test_prefix_micro_batches_count_tree_nodes():
+def test_prefix_micro_batches_hold_whole_rows_within_the_budget():
     data = grouped_samples(1)
-    for budget in (30, 64, 10_000):
-        chunks = B.prefix_micro_batches(data, budget)
+    for budget, row_tokens in ((30, 30), (64, 32), (200, 40), (10_000, 10_000)):
+        chunks = B.prefix_micro_batches(data, budget, row_tokens)
         assert sorted(id(s) for c in chunks for s in c) == sorted(id(s) for s in data)
         for c in chunks:
-            nodes = B.pack_prefixes([s.token_ids for s in c]).input_ids.shape[1]
-            assert nodes <= budget or len(c) == 1
-    assert len(B.prefix_micro_batches(data, 10_000)) == 1
+            shape = B.pack_prefixes([s.token_ids for s in c], row_tokens).input_ids.shape
+            assert shape[0] * shape[1] <= budget or shape[0] == 1
+    assert len(B.prefix_micro_batches(data, 10_000, 10_000)) == 1
 
 
+@pytest.mark.parametrize("row_tokens", [10_000, 40])
 @pytest.mark.parametrize("path", ["sdpa", "eager", "plain"])
-def test_packed_forward_equals_per_sample_forward(monkeypatch, path):
+def test_packed_forward_equals_per_sample_forward(monkeypatch, path, row_tokens):
     model = small_model()
     if path == "plain":  # the model's own forward and logits, not the fused head
         monkeypatch.setattr(F, "_FUSED_HEAD_TYPES", set())
@@ -111,8 +130,8 @@ def test_packed_forward_equals_per_sample_forward(monkeypatch, path):
         model.config._attn_implementation = path
     data = grouped_samples(2)
     rows = B.collate(data, 0, "cpu")
-    tree = B.collate(data, 0, "cpu", shared_prefix=True)
-    assert tree.positions < rows.positions / 2
+    tree = B.collate(data, 0, "cpu", row_tokens=row_tokens)
+    assert tree.packed is not None and tree.positions < rows.positions / 2
     t = (rows.input_ids, rows.attention_mask, rows.targets, rows.loss_mask)
     real = rows.attention_mask[:, :-1] > 0  # (B, T-1)
     scores, grads = [], []
@@ -133,9 +152,19 @@ def test_packed_forward_equals_per_sample_forward(monkeypatch, path):
 def test_attention_without_a_4d_mask_names_the_switch():
     model = small_model()
     model.config._attn_implementation = "flex_attention"
-    allowed = B.pack_prefixes([[1, 2]]).allowed
-    with pytest.raises(ValueError, match="trainer.shared_prefix=false"):
-        F.tree_attention_mask(model, allowed)
+    p = B.pack_prefixes([[1, 2]], 64)
+    with pytest.raises(ValueError, match="takes a 4D mask.*trainer.shared_prefix=false"):
+        F.tree_attention_mask(model, p.allowed, p.position_ids)
+
+
+def test_a_sliding_window_is_packed_only_where_it_cuts_nothing():
+    model = small_model()
+    model.config.layer_types = ["sliding_attention", "full_attention"]  # as Qwen2 or Gemma
+    model.config.sliding_window = 4
+    short, long = B.pack_prefixes([[1, 2, 3, 4]], 64), B.pack_prefixes([[1, 2, 3, 4, 5]], 64)
+    assert F.tree_attention_mask(model, short.allowed, short.position_ids) is short.allowed
+    with pytest.raises(ValueError, match="4-token sliding window.*shared_prefix=false"):
+        F.tree_attention_mask(model, long.allowed, long.position_ids)
 
 
 def _lora(model: torch.nn.Module) -> torch.nn.Module:
@@ -147,6 +176,7 @@ def _lora(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _train(model, preset: str, data, shared: bool, **overrides) -> list[dict[str, float]]:
+    """Two `train_on_batch` calls (rows of 40 tree nodes, micro-batches of 96 positions)."""
     optim = OptimSection(lr=1e-2)
     algo = resolve_algorithm(preset, use_tis=True, **overrides)
     value_head = U.ValueHead(32) if algo.uses_value_head else None
@@ -155,7 +185,7 @@ def _train(model, preset: str, data, shared: bool, **overrides) -> list[dict[str
         model=model, optimizer=opt, scheduler=make_scheduler(opt, optim, 4), algo=algo, pad_id=0,
         device=torch.device("cpu"), temperature=1.0, micro_batch_tokens=96, grad_clip=1.0,
         value_head=value_head, ref_model=small_model(seed=3) if algo.kl_coef else None,
-        shared_prefix=shared,
+        shared_prefix=shared, prefix_row_tokens=40,
     )  # fmt: skip
     return [U.train_on_batch(ctx, data) for _ in range(2)]
 

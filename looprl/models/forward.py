@@ -47,18 +47,36 @@ class Packed(NamedTuple):
 _PACKED_ATTENTION = {"sdpa", "eager"}  # take a 4D mask as given (bool for SDPA, additive eager)
 
 
-def tree_attention_mask(model: torch.nn.Module, allowed: Tensor) -> Tensor:
+def _sliding_window(config: Any) -> int | None:
+    """The window of the model's sliding-window attention layers, None when it has none."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "model_type", None) == "mistral":  # every layer, when set
+        return window
+    return window if "sliding_attention" in (getattr(config, "layer_types", None) or []) else None
+
+
+def tree_attention_mask(model: torch.nn.Module, allowed: Tensor, position_ids: Tensor) -> Tensor:
     """`allowed` (R, 1, L, L) in the form the model's attention takes as a prepared 4D mask.
 
     SDPA reads a bool mask (True: attend); eager attention adds the mask to its scores, so it gets
-    0 where allowed and the float32 minimum elsewhere. Raises ValueError for another attention
-    implementation, naming the switch that turns packing off.
+    0 where allowed and the float32 minimum elsewhere. One mask serves every layer, so a model
+    with sliding-window layers is packed only while no sequence reaches its window (then the
+    window cuts nothing). Raises ValueError otherwise, or for another attention implementation,
+    naming the switch that turns packing off.
     """
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None) or "sdpa"
+    fix = "set trainer.shared_prefix=false"
     if impl not in _PACKED_ATTENTION:
         raise ValueError(
-            f"shared-prefix packing needs attention that takes a 4D mask ({sorted(_PACKED_ATTENTION)}),"
-            f" the model uses {impl!r}; set trainer.shared_prefix=false"
+            f"shared-prefix packing needs attention that takes a 4D mask "
+            f"({sorted(_PACKED_ATTENTION)}), the model uses {impl!r}; {fix}"
+        )
+    window = _sliding_window(config)
+    if window is not None and int(position_ids.max()) >= window:
+        raise ValueError(
+            f"shared-prefix packing cannot apply the model's {window}-token sliding window to a "
+            f"sequence of {int(position_ids.max()) + 1} tokens; {fix}"
         )
     if impl == "sdpa":
         return allowed
@@ -112,7 +130,7 @@ def target_rows(
     else:
         inputs = {
             "input_ids": packed.input_ids,  # (R, L)
-            "attention_mask": tree_attention_mask(model, packed.allowed),  # (R, 1, L, L)
+            "attention_mask": tree_attention_mask(model, packed.allowed, packed.position_ids),
             "position_ids": packed.position_ids,  # (R, L)
         }
     parts = decoder_and_head(model)

@@ -126,79 +126,103 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def prefix_micro_batches(samples: Sequence[SeqT], token_budget: int) -> list[list[SeqT]]:
-    """Split sequences, in token order, into micro-batches of at most `token_budget` tree nodes.
+def prefix_rows(seqs: Sequence[list[int]], row_tokens: int) -> list[tuple[list[int], int]]:
+    """The sequences (by index) of each prefix-tree row, with the row's node count.
 
     Sorting the token lists lexicographically puts sequences that share a prefix side by side,
-    and a sequence's longest prefix shared with any earlier one is the one it shares with its
-    predecessor, so it adds len - that many nodes to its micro-batch's prefix tree
-    (`pack_prefixes`). A sequence longer than the budget gets a micro-batch of its own.
+    and a sequence's longest prefix shared with any earlier one in its row is the one it shares
+    with its predecessor, so it adds len - that many nodes. A row holds at most `row_tokens`
+    nodes (attention within a row costs its length squared); a longer sequence gets its own row.
+    """
+    rows: list[tuple[list[int], int]] = []
+    members: list[int] = []
+    nodes = 0
+    for i in sorted(range(len(seqs)), key=lambda i: seqs[i]):
+        new = len(seqs[i]) - (_common_prefix(seqs[members[-1]], seqs[i]) if members else 0)
+        if members and nodes + new > row_tokens:
+            rows.append((members, nodes))
+            members, nodes, new = [], 0, len(seqs[i])
+        members.append(i)
+        nodes += new
+    if members:
+        rows.append((members, nodes))
+    return rows
+
+
+def prefix_micro_batches(
+    samples: Sequence[SeqT], token_budget: int, row_tokens: int
+) -> list[list[SeqT]]:
+    """Split sequences into micro-batches of whole prefix-tree rows (`prefix_rows`), in order.
+
+    A micro-batch's rows are padded to its longest, and rows x longest stays in `token_budget`
+    (a row longer than the budget gets a micro-batch of its own), so `pack_prefixes` on one
+    micro-batch rebuilds exactly its rows.
     """
     batches: list[list[SeqT]] = []
     current: list[SeqT] = []
-    nodes = 0
-    for s in sorted(samples, key=lambda s: s.token_ids):
-        new = len(s.token_ids) - (
-            _common_prefix(current[-1].token_ids, s.token_ids) if current else 0
-        )
-        if current and nodes + new > token_budget:
+    n_rows = longest = 0
+    for members, nodes in prefix_rows([s.token_ids for s in samples], row_tokens):
+        if current and (n_rows + 1) * max(longest, nodes) > token_budget:
             batches.append(current)
-            current, nodes, new = [], 0, len(s.token_ids)
-        current.append(s)
-        nodes += new
+            current, n_rows, longest = [], 0, 0
+        current += [samples[i] for i in members]
+        n_rows, longest = n_rows + 1, max(longest, nodes)
     if current:
         batches.append(current)
     return batches
 
 
 def _prefix_tree(
-    seqs: Sequence[list[int]],
-) -> tuple[list[int], list[int], list[list[int]], list[tuple[int, int]]]:
-    """(node tokens, node depths, each sequence's node path, (sequence, nodes it shares) in order).
+    seqs: Sequence[list[int]], members: list[int], paths: list[list[int]], offset: int
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """One row's (node tokens, node depths, (sequence, nodes it shares) in order).
 
-    Sequences are taken in lexicographic order; each adds the nodes past the prefix it shares
-    with its predecessor, which is its longest prefix shared with any earlier sequence.
+    `members` are in lexicographic order; each adds the nodes past the prefix it shares with its
+    predecessor, its longest prefix shared with any earlier member. Fills `paths[i]` with member
+    i's flat node ids, `offset` being the row's first.
     """
     tokens: list[int] = []
     depth: list[int] = []
-    paths: list[list[int]] = [[] for _ in seqs]
     added: list[tuple[int, int]] = []
     prev_seq: list[int] = []
     prev_path: list[int] = []
-    for i in sorted(range(len(seqs)), key=lambda i: seqs[i]):
+    for i in members:
         seq = seqs[i]
         shared = _common_prefix(prev_seq, seq)
-        start = len(tokens)
+        start = offset + len(tokens)
         tokens.extend(seq[shared:])
         depth.extend(range(shared, len(seq)))
-        paths[i] = prev_path[:shared] + list(range(start, len(tokens)))
+        paths[i] = prev_path[:shared] + list(range(start, offset + len(tokens)))
         added.append((i, shared))
         prev_seq, prev_path = seq, paths[i]
-    return tokens, depth, paths, added
+    return tokens, depth, added
 
 
-def pack_prefixes(seqs: Sequence[list[int]]) -> Packed:
-    """The prefix tree of `seqs` as one packed row (`looprl.models.forward.Packed`), on the CPU.
+def pack_prefixes(seqs: Sequence[list[int]], row_tokens: int) -> Packed:
+    """The prefix trees of `seqs` as packed rows (`looprl.models.forward.Packed`), on the CPU.
 
-    Nodes are laid out in depth-first order (`_prefix_tree`), so a node's ancestors precede it.
-    Node j may attend node i when i lies on j's path from the root. No padding: the row holds
-    exactly the distinct prefixes; `node_index` (B, T) gives each sequence's token t its node.
+    Rows are `prefix_rows`; in a row, nodes are laid out in depth-first order (`_prefix_tree`),
+    so a node's ancestors precede it, and node j may attend node i when i lies on j's path from
+    the root. Rows are right-padded to the longest (a padding node attends to itself alone and
+    nothing reads it); `node_index` (B, T) gives each sequence's token t its node in R * L.
     """
-    tokens, depth, paths, added = _prefix_tree(seqs)
-    allowed = torch.zeros((len(tokens), len(tokens)), dtype=torch.bool)  # (L, L)
-    for i, shared in added:
-        path = torch.tensor(paths[i], dtype=torch.long)  # (T_i,)
-        below = torch.ones((len(path), len(path)), dtype=torch.bool).tril()[shared:]  # (new, T_i)
-        allowed[path[shared:, None], path[None, :]] = below  # new nodes see their own path
+    rows = prefix_rows(seqs, row_tokens)
+    width = max(nodes for _, nodes in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)  # (R, L)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)  # (R, L)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # (R, L, L)
+    paths: list[list[int]] = [[] for _ in seqs]
+    for r, (members, nodes) in enumerate(rows):
+        tokens, depth, added = _prefix_tree(seqs, members, paths, r * width)
+        ids[r, :nodes], pos[r, :nodes] = torch.tensor(tokens), torch.tensor(depth)
+        for i, shared in added:
+            path = torch.tensor(paths[i], dtype=torch.long) - r * width  # (T_i,) in the row
+            below = torch.ones((len(path), len(path)), dtype=torch.bool).tril()[shared:]
+            allowed[r, path[shared:, None], path[None, :]] = below  # new nodes see their path
     node_index = torch.zeros((len(seqs), max(len(s) for s in seqs)), dtype=torch.long)  # (B, T)
     for i, path_i in enumerate(paths):
         node_index[i, : len(path_i)] = torch.tensor(path_i, dtype=torch.long)
-    return Packed(
-        input_ids=torch.tensor([tokens], dtype=torch.long),  # (1, L)
-        position_ids=torch.tensor([depth], dtype=torch.long),  # (1, L)
-        allowed=allowed[None, None],  # (1, 1, L, L)
-        node_index=node_index,
-    )
+    return Packed(ids, pos, allowed[:, None], node_index)  # allowed (R, 1, L, L)
 
 
 def pad_right(
@@ -240,23 +264,23 @@ class Batch:
 
     @property
     def positions(self) -> int:
-        """Positions a forward of this micro-batch computes (a shared prefix counts once)."""
-        if self.packed is not None:
-            return int(self.packed.input_ids.numel())
+        """Positions a forward of this micro-batch computes (a shared prefix once per row)."""
+        if self.packed is not None:  # every tree node lies on a sample's path; padding on none
+            return int(self.packed.node_index[self.attention_mask > 0].unique().numel())
         return int(self.attention_mask.sum())
 
 
 def collate(
-    samples: list[Sample], pad_id: int, device: torch.device | str, *, shared_prefix: bool = False
+    samples: list[Sample], pad_id: int, device: torch.device | str, *, row_tokens: int = 0
 ) -> Batch:
     """Right-pad a micro-batch (`pad_right`) into tensors on `device`.
 
-    With `shared_prefix` the batch also carries the samples' prefix tree (`pack_prefixes`), which
-    the forward runs instead of the padded rows.
+    With `row_tokens` > 0 the batch also carries the samples' prefix trees in rows of at most
+    that many nodes (`pack_prefixes`), which the forward runs instead of the padded samples.
     """
     packed = None
-    if shared_prefix:
-        tree = pack_prefixes([s.token_ids for s in samples])
+    if row_tokens > 0:
+        tree = pack_prefixes([s.token_ids for s in samples], row_tokens)
         packed = Packed(*(t.to(device) for t in tree))
     ids, attn, mask = pad_right(samples, pad_id)  # (B, T) each
     b, t_max = ids.shape

@@ -187,8 +187,14 @@ class TrainerSection(_Section):
     )
     shared_prefix: bool = Field(
         True,
-        description="forward each micro-batch as one prefix tree: a prompt or earlier turn shared "
-        "by samples is computed once (same loss and gradient); false: each sample padded alone",
+        description="forward micro-batches as prefix trees: a prompt or earlier turn shared by "
+        "samples is computed once per row (same loss and gradient); false: each sample padded alone",
+    )
+    prefix_row_tokens: int = Field(
+        1024,
+        ge=64,
+        description="positions per prefix-tree row: attention in a row costs its length squared "
+        "(1024: near the fastest update for tiny and SmolLM2-135M on CPU, docs/benchmarks.md)",
     )
     max_async_steps: int = Field(
         0,

@@ -60,9 +60,8 @@ class UpdateContext:
     value_head: ValueHead | None = None
     ref_model: torch.nn.Module | None = None
     dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
-    shared_prefix: bool = (
-        True  # forward each micro-batch as one prefix tree (trainer.shared_prefix)
-    )
+    shared_prefix: bool = True  # forward micro-batches as prefix trees (trainer.shared_prefix)
+    prefix_row_tokens: int = 1024  # nodes per prefix-tree row (trainer.prefix_row_tokens)
 
 
 @dataclass
@@ -83,11 +82,14 @@ def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample
     Under FSDP every rank must run as many forwards and backwards as the others (each one is a
     collective), so a rank with fewer micro-batches adds fillers: one trained token whose loss
     is multiplied by 0. Without `ctx.dist` this is every sample, and no filler. With
-    `ctx.shared_prefix` the budget counts prefix-tree nodes, so samples sharing a prompt go together.
+    `ctx.shared_prefix` micro-batches are whole prefix-tree rows, samples sharing a prompt together.
     """
     mine = D.my_share(samples, ctx.dist)
-    split = prefix_micro_batches if ctx.shared_prefix else micro_batches
-    chunks = [(c, False) for c in split(mine, ctx.micro_batch_tokens)]
+    if ctx.shared_prefix:
+        split = prefix_micro_batches(mine, ctx.micro_batch_tokens, ctx.prefix_row_tokens)
+    else:
+        split = micro_batches(mine, ctx.micro_batch_tokens)
+    chunks = [(c, False) for c in split]
     filler = Sample([ctx.pad_id, ctx.pad_id], [0, 1], [0.0, 0.0], advantage=0.0, reward=0.0)
     missing = D.max_over_ranks(ctx.dist, len(chunks)) - len(chunks)
     return chunks + [([filler], True)] * missing
@@ -98,7 +100,8 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     need_old = ctx.algo.updates_per_batch > 1 or ctx.algo.uses_value_head
     prepared = []
     for chunk, padding in _chunks(ctx, samples):
-        batch = collate(chunk, ctx.pad_id, ctx.device, shared_prefix=ctx.shared_prefix)
+        rows = ctx.prefix_row_tokens if ctx.shared_prefix else 0
+        batch = collate(chunk, ctx.pad_id, ctx.device, row_tokens=rows)
         p = _Prepared(batch=batch, padding=padding)
         with torch.no_grad():
             if need_old:
