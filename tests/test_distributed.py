@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 LENGTH_ENV = str(HERE / "envs" / "length_env.py")
 FAULT = str(HERE / "envs" / "dist_fault.py")
 # 2 Adam steps (lr 1e-3) over 2.47M weights on 2 CPU processes: the median difference is ~1e-10,
-# and 26 to 127 weights (it varies from run to run on this 2-core machine) differ by more than
+# and 26 to 162 weights (it varies from run to run on this 2-core machine) differ by more than
 # 1e-6, by up to 1.5e-4: where a gradient is near 0, Adam's g / sqrt(v) turns float32
 # summation-order noise into a visible part of one step, at most the step itself (lr). So the bound
 # on the largest difference is one step, and the share of weights above 1e-6 is held at 1e-4

@@ -157,13 +157,30 @@ def test_attention_without_a_4d_mask_names_the_switch():
         F.tree_attention_mask(model, p.allowed, p.position_ids)
 
 
-def test_a_sliding_window_is_packed_only_where_it_cuts_nothing():
+def test_a_sliding_window_model_scores_its_tree_like_its_rows():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=5)  # fmt: skip
+    model = MistralForCausalLM(cfg)
+    data = grouped_samples(3)  # sequences of 14 to 27 tokens: the 5-token window cuts
+    rows, tree = B.collate(data, 0, "cpu"), B.collate(data, 0, "cpu", row_tokens=10_000)
+    t = (rows.input_ids, rows.attention_mask, rows.targets, rows.loss_mask)
+    a = F.forward_logprobs(model, *t).logprobs
+    b = F.forward_logprobs(model, *t, packed=tree.packed).logprobs
+    torch.testing.assert_close(a, b, atol=SCORE_ATOL, rtol=0.0)
+    model.config.sliding_window = 1000  # a window nothing reaches: a different model
+    assert (F.forward_logprobs(model, *t).logprobs - a).abs().max() > 1e-3
+
+
+def test_mixed_sliding_and_full_layers_are_packed_only_below_the_window():
     model = small_model()
     model.config.layer_types = ["sliding_attention", "full_attention"]  # as Qwen2 or Gemma
     model.config.sliding_window = 4
     short, long = B.pack_prefixes([[1, 2, 3, 4]], 64), B.pack_prefixes([[1, 2, 3, 4, 5]], 64)
     assert F.tree_attention_mask(model, short.allowed, short.position_ids) is short.allowed
-    with pytest.raises(ValueError, match="4-token sliding window.*shared_prefix=false"):
+    with pytest.raises(ValueError, match="4-token sliding-window.*shared_prefix=false"):
         F.tree_attention_mask(model, long.allowed, long.position_ids)
 
 

@@ -31,11 +31,11 @@ _FUSED_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral"}
 
 
 class Packed(NamedTuple):
-    """Sequences packed as a prefix tree (a trie over token ids): one position per distinct prefix.
+    """Sequences packed as prefix trees (tries over token ids), one tree per row, right-padded.
 
-    Node i holds the last token of one distinct prefix; it attends to the nodes of that prefix
-    (its ancestors and itself) and sits at position id = its depth, so its hidden state is the
-    one the prefix's last token gets in a forward of the sequence alone.
+    Node i of a row holds the last token of one distinct prefix of the row's sequences; it
+    attends to the nodes of that prefix (its ancestors and itself) and sits at position id = its
+    depth, so its hidden state is the one that token gets in a forward of the sequence alone.
     """
 
     input_ids: Tensor  # (R, L) the node tokens, one row per packed row
@@ -47,22 +47,26 @@ class Packed(NamedTuple):
 _PACKED_ATTENTION = {"sdpa", "eager"}  # take a 4D mask as given (bool for SDPA, additive eager)
 
 
-def _sliding_window(config: Any) -> int | None:
-    """The window of the model's sliding-window attention layers, None when it has none."""
+def _sliding_window(config: Any) -> tuple[int | None, bool]:
+    """(the window of the model's sliding-window layers or None, whether every layer slides)."""
     window = getattr(config, "sliding_window", None)
     if getattr(config, "model_type", None) == "mistral":  # every layer, when set
-        return window
-    return window if "sliding_attention" in (getattr(config, "layer_types", None) or []) else None
+        return window, True
+    types = getattr(config, "layer_types", None) or []
+    if window is None or "sliding_attention" not in types:
+        return None, False
+    return window, set(types) == {"sliding_attention"}
 
 
 def tree_attention_mask(model: torch.nn.Module, allowed: Tensor, position_ids: Tensor) -> Tensor:
     """`allowed` (R, 1, L, L) in the form the model's attention takes as a prepared 4D mask.
 
     SDPA reads a bool mask (True: attend); eager attention adds the mask to its scores, so it gets
-    0 where allowed and the float32 minimum elsewhere. One mask serves every layer, so a model
-    with sliding-window layers is packed only while no sequence reaches its window (then the
-    window cuts nothing). Raises ValueError otherwise, or for another attention implementation,
-    naming the switch that turns packing off.
+    0 where allowed and the float32 minimum elsewhere. A sliding window of W keeps the ancestors
+    less than W positions up (as the model's own mask does in a sequence); one mask serves every
+    layer, so a model mixing sliding and full layers is packed only while no sequence reaches
+    its window. Raises ValueError otherwise, or for an attention implementation that takes no
+    4D mask, naming the switch that turns packing off.
     """
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None) or "sdpa"
@@ -72,12 +76,16 @@ def tree_attention_mask(model: torch.nn.Module, allowed: Tensor, position_ids: T
             f"shared-prefix packing needs attention that takes a 4D mask "
             f"({sorted(_PACKED_ATTENTION)}), the model uses {impl!r}; {fix}"
         )
-    window = _sliding_window(config)
+    window, every_layer = _sliding_window(config)
     if window is not None and int(position_ids.max()) >= window:
-        raise ValueError(
-            f"shared-prefix packing cannot apply the model's {window}-token sliding window to a "
-            f"sequence of {int(position_ids.max()) + 1} tokens; {fix}"
-        )
+        if not every_layer:
+            raise ValueError(
+                f"shared-prefix packing cannot give the model's {window}-token sliding-window "
+                f"layers and its full layers one mask over {int(position_ids.max()) + 1} "
+                f"tokens; {fix}"
+            )
+        up = position_ids[:, None, :, None] - position_ids[:, None, None, :]  # (R, 1, L, L)
+        allowed = allowed & (up < window)
     if impl == "sdpa":
         return allowed
     blocked = torch.finfo(torch.float32).min
