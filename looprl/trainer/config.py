@@ -194,7 +194,7 @@ class TrainerSection(_Section):
         1024,
         ge=64,
         description="positions per prefix-tree row: attention in a row costs its length squared "
-        "(1024: near the fastest update for tiny and SmolLM2-135M on CPU, docs/benchmarks.md)",
+        "(1024: the fastest measured for tiny and SmolLM2-135M LoRA on CPU, docs/benchmarks.md)",
     )
     max_async_steps: int = Field(
         0,
