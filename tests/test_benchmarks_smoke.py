@@ -32,6 +32,12 @@ def test_train_step_compare_ref_quick():
     assert "HEAD vs working tree" in out and "median" in out and "x (" in out, out
 
 
+def test_shared_prefix_benchmark_quick():
+    args = ("--model", "tiny", "--tasks", "2", "--rollouts", "2", "--repeats", "1")
+    out = _run("-m", "benchmarks.shared_prefix", *args)
+    assert "per-sample rows" in out and "prefix trees, rows of 1024" in out
+
+
 def test_engine_benchmark_quick():
     out = _run("-m", "benchmarks.engine", "--quick")
     assert "tok/s" in out or "tokens/s" in out

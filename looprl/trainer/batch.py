@@ -1,7 +1,9 @@
 """From scored episodes to training tensors: samples with group advantages, micro-batches, padding.
 
 Micro-batching and padding take any `Tokens` (ids and a loss mask), so SFT shares them. Scoring
-the tokens with the model is `looprl.models.forward.forward_logprobs`.
+the tokens with the model is `looprl.models.forward.forward_logprobs`. With shared prefixes
+(`prefix_micro_batches`, `pack_prefixes`) a micro-batch's samples are also laid out as one prefix
+tree, so a group's prompt and every common earlier turn is forwarded once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from looprl.algorithms.objective import group_advantages
 from looprl.algorithms.presets import AlgorithmConfig
+from looprl.models.forward import Packed
 from looprl.types import EpisodeResult
 
 
@@ -113,6 +116,115 @@ def micro_batches(samples: Sequence[SeqT], token_budget: int) -> list[list[SeqT]
     return batches
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_rows(seqs: Sequence[list[int]], row_tokens: int) -> list[tuple[list[int], int]]:
+    """The sequences (by index) of each prefix-tree row, with the row's node count.
+
+    Sorting the token lists lexicographically puts sequences that share a prefix side by side,
+    and a sequence's longest prefix shared with any earlier one in its row is the one it shares
+    with its predecessor, so it adds len - that many nodes. A row holds at most `row_tokens`
+    nodes (attention within a row costs its length squared); a longer sequence gets its own row.
+    """
+    rows: list[tuple[list[int], int]] = []
+    members: list[int] = []
+    nodes = 0
+    for i in sorted(range(len(seqs)), key=lambda i: seqs[i]):
+        new = len(seqs[i]) - (_common_prefix(seqs[members[-1]], seqs[i]) if members else 0)
+        if members and nodes + new > row_tokens:
+            rows.append((members, nodes))
+            members, nodes, new = [], 0, len(seqs[i])
+        members.append(i)
+        nodes += new
+    if members:
+        rows.append((members, nodes))
+    return rows
+
+
+def prefix_micro_batches(
+    samples: Sequence[SeqT], token_budget: int, row_tokens: int
+) -> list[list[SeqT]]:
+    """Split sequences into micro-batches of whole prefix-tree rows (`prefix_rows`), in order.
+
+    A micro-batch's rows are padded to its longest, and rows x longest stays in `token_budget`
+    (a row longer than the budget gets a micro-batch of its own), so `pack_prefixes` on one
+    micro-batch rebuilds exactly its rows.
+    """
+    batches: list[list[SeqT]] = []
+    current: list[SeqT] = []
+    n_rows = longest = 0
+    for members, nodes in prefix_rows([s.token_ids for s in samples], row_tokens):
+        if current and (n_rows + 1) * max(longest, nodes) > token_budget:
+            batches.append(current)
+            current, n_rows, longest = [], 0, 0
+        current += [samples[i] for i in members]
+        n_rows, longest = n_rows + 1, max(longest, nodes)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _prefix_tree(
+    seqs: Sequence[list[int]], members: list[int], paths: list[list[int]], offset: int
+) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """One row's (node tokens, node depths, (sequence, nodes it shares) in order).
+
+    `members` are in lexicographic order; each adds the nodes past the prefix it shares with its
+    predecessor, its longest prefix shared with any earlier member. Fills `paths[i]` with member
+    i's flat node ids, `offset` being the row's first.
+    """
+    tokens: list[int] = []
+    depth: list[int] = []
+    added: list[tuple[int, int]] = []
+    prev_seq: list[int] = []
+    prev_path: list[int] = []
+    for i in members:
+        seq = seqs[i]
+        shared = _common_prefix(prev_seq, seq)
+        start = offset + len(tokens)
+        tokens.extend(seq[shared:])
+        depth.extend(range(shared, len(seq)))
+        paths[i] = prev_path[:shared] + list(range(start, offset + len(tokens)))
+        added.append((i, shared))
+        prev_seq, prev_path = seq, paths[i]
+    return tokens, depth, added
+
+
+def pack_prefixes(seqs: Sequence[list[int]], row_tokens: int) -> Packed:
+    """The prefix trees of `seqs` as packed rows (`looprl.models.forward.Packed`), on the CPU.
+
+    Rows are `prefix_rows`; in a row, nodes are laid out in depth-first order (`_prefix_tree`),
+    so a node's ancestors precede it, and node j may attend node i when i lies on j's path from
+    the root. Rows are right-padded to the longest (a padding node attends to itself alone and
+    nothing reads it); `node_index` (B, T) gives each sequence's token t its node in R * L.
+    """
+    rows = prefix_rows(seqs, row_tokens)
+    width = max(nodes for _, nodes in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)  # (R, L)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)  # (R, L)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)  # (R, L, L)
+    paths: list[list[int]] = [[] for _ in seqs]
+    for r, (members, nodes) in enumerate(rows):
+        tokens, depth, added = _prefix_tree(seqs, members, paths, r * width)
+        ids[r, :nodes], pos[r, :nodes] = torch.tensor(tokens), torch.tensor(depth)
+        for i, shared in added:
+            path = torch.tensor(paths[i], dtype=torch.long) - r * width  # (T_i,) in the row
+            below = torch.ones((len(path), len(path)), dtype=torch.bool).tril()[shared:]
+            allowed[r, path[shared:, None], path[None, :]] = below  # new nodes see their path
+    node_index = torch.zeros((len(seqs), max(len(s) for s in seqs)), dtype=torch.long)  # (B, T)
+    for i, path_i in enumerate(paths):
+        node_index[i, : len(path_i)] = torch.tensor(path_i, dtype=torch.long)
+    return Packed(ids, pos, allowed[:, None], node_index)  # allowed (R, 1, L, L)
+
+
 def pad_right(
     seqs: Sequence[Tokens], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,10 +260,28 @@ class Batch:
     sampler_logprobs: torch.Tensor
     advantages: torch.Tensor
     rewards: torch.Tensor
+    packed: Packed | None = None  # the samples as one prefix tree, forwarded instead of input_ids
+
+    @property
+    def positions(self) -> int:
+        """Positions a forward of this micro-batch computes (a shared prefix once per row)."""
+        if self.packed is not None:  # every tree node lies on a sample's path; padding on none
+            return int(self.packed.node_index[self.attention_mask > 0].unique().numel())
+        return int(self.attention_mask.sum())
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> Batch:
-    """Right-pad a micro-batch (`pad_right`) into tensors on `device`."""
+def collate(
+    samples: list[Sample], pad_id: int, device: torch.device | str, *, row_tokens: int = 0
+) -> Batch:
+    """Right-pad a micro-batch (`pad_right`) into tensors on `device`.
+
+    With `row_tokens` > 0 the batch also carries the samples' prefix trees in rows of at most
+    that many nodes (`pack_prefixes`), which the forward runs instead of the padded samples.
+    """
+    packed = None
+    if row_tokens > 0:
+        tree = pack_prefixes([s.token_ids for s in samples], row_tokens)
+        packed = Packed(*(t.to(device) for t in tree))
     ids, attn, mask = pad_right(samples, pad_id)  # (B, T) each
     b, t_max = ids.shape
     lps = torch.zeros((b, t_max), dtype=torch.float32)
@@ -168,4 +298,5 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device | str) -> B
         sampler_logprobs=lps[:, 1:].to(device),  # (B, T-1)
         advantages=adv.contiguous().to(device),  # (B, T-1)
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
+        packed=packed,
     )

@@ -185,6 +185,17 @@ class TrainerSection(_Section):
     micro_batch_tokens: int = Field(
         8192, ge=64, description="token budget of one forward/backward micro-batch"
     )
+    shared_prefix: bool = Field(
+        True,
+        description="forward micro-batches as prefix trees: a prompt or earlier turn shared by "
+        "samples is computed once per row (same loss and gradient); false: each sample padded alone",
+    )
+    prefix_row_tokens: int = Field(
+        1024,
+        ge=64,
+        description="positions per prefix-tree row: attention in a row costs its length squared "
+        "(1024: the fastest measured for tiny and SmolLM2-135M LoRA on CPU, docs/benchmarks.md)",
+    )
     max_async_steps: int = Field(
         0,
         ge=0,

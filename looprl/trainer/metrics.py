@@ -71,7 +71,9 @@ METRICS: dict[str, str] = {
     "was skipped (no update ran; nothing regenerates it)",
     "train/tokens": "sampled tokens trained on",
     "train/forward_tokens": "tokens through forward and backward",
-    "train/forward_positions": "positions through forward (prompt and tool tokens included)",
+    "train/forward_positions": "positions through forward (prompt and tool tokens included; "
+    "a prefix shared by samples of a micro-batch counts once per prefix-tree row with "
+    "trainer.shared_prefix)",
     "train/tokens_per_s": "forward tokens per second of update time",
     "train/adv_mean": "mean advantage of the samples",
     "train/adv_abs_mean": "mean absolute advantage",

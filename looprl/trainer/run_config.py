@@ -30,6 +30,8 @@ SAFE_ON_RESUME: dict[str, str] = {
     "trainer.save_rollouts": "what is written to disk",
     "trainer.device": "where the run computes",
     "trainer.micro_batch_tokens": "memory: the same gradient over other micro-batches",
+    "trainer.shared_prefix": "speed: the same gradient, a shared prefix forwarded once",
+    "trainer.prefix_row_tokens": "speed: the same gradient, shared prefixes cut at other places",
     "trainer.collective_timeout_s": "how long processes wait",
     "trainer.main_phase_timeout_s": "how long processes wait",
     "model.gradient_checkpointing": "memory: the same gradient, recomputed",

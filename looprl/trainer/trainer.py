@@ -151,6 +151,8 @@ class Trainer:
             device=self.device, temperature=cfg.rollout.temperature,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
             value_head=self.value_head, ref_model=ref, dist=self.dist,
+            shared_prefix=cfg.trainer.shared_prefix,
+            prefix_row_tokens=cfg.trainer.prefix_row_tokens,
         )  # fmt: skip
 
     def _open_run(self) -> None:

@@ -21,7 +21,7 @@ from looprl.algorithms.objective import LOSS_TERMS, policy_objective
 from looprl.algorithms.presets import AlgorithmConfig
 from looprl.models.forward import TokenScores, forward_logprobs
 from looprl.trainer import distributed as D
-from looprl.trainer.batch import Batch, Sample, collate, micro_batches
+from looprl.trainer.batch import Batch, Sample, collate, micro_batches, prefix_micro_batches
 
 
 class ValueHead(torch.nn.Module):
@@ -60,6 +60,8 @@ class UpdateContext:
     value_head: ValueHead | None = None
     ref_model: torch.nn.Module | None = None
     dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
+    shared_prefix: bool = True  # forward micro-batches as prefix trees (trainer.shared_prefix)
+    prefix_row_tokens: int = 1024  # nodes per prefix-tree row (trainer.prefix_row_tokens)
 
 
 @dataclass
@@ -79,10 +81,15 @@ def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample
 
     Under FSDP every rank must run as many forwards and backwards as the others (each one is a
     collective), so a rank with fewer micro-batches adds fillers: one trained token whose loss
-    is multiplied by 0. Without `ctx.dist` this is every sample, and no filler.
+    is multiplied by 0. Without `ctx.dist` this is every sample, and no filler. With
+    `ctx.shared_prefix` micro-batches are whole prefix-tree rows, samples sharing a prompt together.
     """
     mine = D.my_share(samples, ctx.dist)
-    chunks = [(c, False) for c in micro_batches(mine, ctx.micro_batch_tokens)]
+    if ctx.shared_prefix:
+        split = prefix_micro_batches(mine, ctx.micro_batch_tokens, ctx.prefix_row_tokens)
+    else:
+        split = micro_batches(mine, ctx.micro_batch_tokens)
+    chunks = [(c, False) for c in split]
     filler = Sample([ctx.pad_id, ctx.pad_id], [0, 1], [0.0, 0.0], advantage=0.0, reward=0.0)
     missing = D.max_over_ranks(ctx.dist, len(chunks)) - len(chunks)
     return chunks + [([filler], True)] * missing
@@ -93,7 +100,9 @@ def _prepare(ctx: UpdateContext, samples: list[Sample]) -> list[_Prepared]:
     need_old = ctx.algo.updates_per_batch > 1 or ctx.algo.uses_value_head
     prepared = []
     for chunk, padding in _chunks(ctx, samples):
-        p = _Prepared(batch=collate(chunk, ctx.pad_id, ctx.device), padding=padding)
+        rows = ctx.prefix_row_tokens if ctx.shared_prefix else 0
+        batch = collate(chunk, ctx.pad_id, ctx.device, row_tokens=rows)
+        p = _Prepared(batch=batch, padding=padding)
         with torch.no_grad():
             if need_old:
                 old = _score(
@@ -120,10 +129,11 @@ def _score(
     entropy_grad: bool = False,
     with_hidden: bool = False,
 ) -> TokenScores:
-    """`forward_logprobs` on a collated micro-batch: (B, T-1) logprobs of its target tokens."""
+    """`forward_logprobs` on a collated micro-batch (its prefix tree if packed): (B, T-1) logprobs."""
     return forward_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.targets, batch.loss_mask, temperature,
         with_entropy=with_entropy, entropy_grad=entropy_grad, with_hidden=with_hidden,
+        packed=batch.packed,
     )  # fmt: skip
 
 
@@ -235,7 +245,7 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     real = [p for p in prepared if not p.padding]
     forward = {
         "forward_tokens": float(sum(int(p.batch.loss_mask.sum()) for p in real)),
-        "forward_positions": float(sum(int(p.batch.attention_mask.sum()) for p in real)),
+        "forward_positions": float(sum(p.batch.positions for p in real)),
     }
     out = _over_ranks(ctx.dist, acc, forward)
     for norm_value in grad_norms:  # over the steps taken: a skipped step's norm is not finite
