@@ -170,6 +170,18 @@ def my_share(items: Sequence[T], d: Dist | None) -> list[T]:
     return list(items) if d is None else list(items[d.rank :: d.world])
 
 
+def block_share(items: Sequence[T], d: Dist | None) -> list[T]:
+    """This rank's contiguous block of `items`: ranks get runs of neighbours, sizes within one.
+
+    Training samples come group by group, so a block keeps a group's samples (which share their
+    prompt) on one rank, where the update forwards that prompt once.
+    """
+    if d is None:
+        return list(items)
+    n = len(items)
+    return list(items[d.rank * n // d.world : (d.rank + 1) * n // d.world])
+
+
 async def run_shared(
     d: Dist | None,
     items: Sequence[T],

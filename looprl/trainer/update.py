@@ -84,7 +84,7 @@ def _chunks(ctx: UpdateContext, samples: list[Sample]) -> list[tuple[list[Sample
     is multiplied by 0. Without `ctx.dist` this is every sample, and no filler. With
     `ctx.shared_prefix` micro-batches are whole prefix-tree rows, samples sharing a prompt together.
     """
-    mine = D.my_share(samples, ctx.dist)
+    mine = D.block_share(samples, ctx.dist)  # a group's samples stay on one rank
     if ctx.shared_prefix:
         split = prefix_micro_batches(mine, ctx.micro_batch_tokens, ctx.prefix_row_tokens)
     else:
