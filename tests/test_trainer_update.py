@@ -116,6 +116,26 @@ def test_all_zero_advantages_still_step_the_optimizer():
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+@pytest.mark.parametrize("preset", ["grpo", "gspo"])
+def test_a_batch_with_no_gradient_steps_without_the_model(monkeypatch, preset):
+    """All advantages zero: the weights end as when one zero-advantage sample is forwarded (the
+    optimizer steps on exact zeros either way), and the model never runs."""
+    data = [dataclasses.replace(s, advantage=0.0) for s in samples(4)]
+    skipped, forwarded = small_model(), small_model()
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the model ran for a batch with no gradient")
+
+    monkeypatch.setattr(skipped, "forward", no_forward)
+    stats = _step(skipped, preset, data)
+    assert stats["forward_tokens"] == 0.0 and stats["grad_norm"] == 0.0
+    assert stats["train_tokens"] == sum(sum(s.mask[1:]) for s in data)
+    monkeypatch.setattr(U, "_with_gradient", lambda algo, s: s[:1])  # the path that forwarded one
+    _step(forwarded, preset, data)
+    for a, b in zip(skipped.parameters(), forwarded.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_kl_keeps_every_sample():
     algo = resolve_algorithm("grpo", kl_coef=0.1)
     data = samples(6)

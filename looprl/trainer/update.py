@@ -142,13 +142,33 @@ def _with_gradient(algo: AlgorithmConfig, samples: list[Sample]) -> list[Sample]
 
     With no KL, entropy or value term every policy loss is a multiple of the sequence's advantage,
     so a zero-advantage sample (a uniform group under GRPO) contributes an exactly zero gradient
-    and skipping its forward and backward changes nothing but the time. One sample is kept when
-    all are zero, so the optimizer still steps on zero gradients exactly as before.
+    and skipping its forward and backward changes nothing but the time. When all are zero the
+    list is empty: `train_on_batch` then steps on zero gradients without running the model.
     """
     if algo.kl_coef > 0 or algo.entropy_coef > 0 or algo.uses_value_head:
         return samples
-    moving = [s for s in samples if s.advantage != 0.0]
-    return moving or samples[:1]
+    return [s for s in samples if s.advantage != 0.0]
+
+
+def _step_on_zero_gradients(ctx: UpdateContext, train_tokens: float) -> dict[str, float]:
+    """Every sample's gradient is exactly zero: take the optimizer steps on zero gradients (weight
+    decay and the moments move exactly as after a forward and backward that gave zeros), no model.
+
+    Every rank decides alike (each sees the whole batch), so FSDP runs no collective here.
+    """
+    params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
+    for _epoch in range(ctx.algo.updates_per_batch):
+        ctx.optimizer.zero_grad(set_to_none=True)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return {
+        "loss": 0.0, "grad_norm": 0.0, "nonfinite_skipped": 0.0, "forward_tokens": 0.0,
+        "forward_positions": 0.0, "train_tokens": train_tokens,
+        "lr": float(ctx.scheduler.get_last_lr()[0]),
+    }  # fmt: skip
 
 
 @dataclass
@@ -194,11 +214,14 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     if not samples:
         return {"skipped": 1.0}
     algo, value_head = ctx.algo, ctx.value_head
-    ctx.model.train()
     # the normaliser counts every sample, as if the whole batch went through the loss
     masks = [torch.tensor(s.mask[1:], dtype=torch.float32)[None] for s in samples]  # (1, T-1)
+    moving = _with_gradient(algo, samples)
+    if not moving:
+        return _step_on_zero_gradients(ctx, float(sum(float(m.sum()) for m in masks)))
+    ctx.model.train()
     norm = batch_normalizer(algo.aggregation, masks, max_len=algo.max_len)
-    prepared = _prepare(ctx, _with_gradient(algo, samples))
+    prepared = _prepare(ctx, moving)
     params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
     acc = StatsAccumulator(steps=ctx.algo.updates_per_batch)
     grad_norms: list[float] = []
