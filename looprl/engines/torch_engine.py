@@ -8,9 +8,10 @@ caller's event loop with `call_soon_threadsafe`, so the event loop never runs th
 
 Weights, two modes:
 
-- shared (default): give the engine the trainer's own model. The fast path reads the parameters
-  at every step, never copying them, so an optimizer step is visible on the next generation for
-  free. Update weights only while nothing is generating, or hold `engine.weights_lock` meanwhile.
+- shared (default): give the engine the trainer's own model; an optimizer step is seen on the
+  next step (fused q/k/v and gate/up copies, `looprl.engines.fused`, are rebuilt when a weight's
+  version counter moves; after an update through `.data` call `sync_weights(None)`). Update
+  weights only while nothing is generating, or hold `engine.weights_lock` meanwhile.
 - separate copy (asynchronous one-step-ahead training): give the engine its own copy of the model
   and call `engine.sync_weights(trainer_model)` when the trainer has finished a step; the copy
   waits for the current decoding step, then overwrites the engine's parameters in place.
@@ -101,6 +102,8 @@ class TorchEngine:
         prefix_cache_mb: memory for finished turns' keys/values, so that the next turn of a
             conversation (same tokens plus a suffix) prefills only the suffix. 0 turns it off;
             the fast path only. Entries are dropped whenever the weights change.
+        fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
+            weight copies (about 2/3 of the layer weights, kept current); False saves that memory.
     """
 
     token_level = True
@@ -117,6 +120,7 @@ class TorchEngine:
         max_seq_len: int | None = None,
         backend: Backend = "auto",
         prefix_cache_mb: int = 1024,
+        fuse_projections: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -136,7 +140,7 @@ class TorchEngine:
         self.max_seq_len = max_seq_len or self._default_max_len(model)
         hf_model: Any = model  # nn.Module attributes are untyped for mypy
         self.vocab_size = int(hf_model.get_input_embeddings().weight.shape[0])
-        self.backend: KVBackend = self._make_backend(backend)
+        self.backend: KVBackend = self._make_backend(backend, fuse_projections)
         self.stats = EngineStats()
         self.policy_version = 0  # the optimizer step whose weights are sampled (TrainableEngine)
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
@@ -161,13 +165,16 @@ class TorchEngine:
         window = sliding_window_limit(cfg)
         return min(limit, window) if window else limit
 
-    def _make_backend(self, backend: Backend) -> KVBackend:
+    def _make_backend(self, backend: Backend, fuse: bool) -> KVBackend:
         if backend not in ("auto", "kv", "hf"):
             raise ValueError(f"unknown backend {backend!r}; choose 'auto', 'kv' or 'hf'")
         if backend != "hf":
             try:
                 return LlamaKVModel(
-                    self.model, max_slots=self.max_batch_size, max_seq_len=self.max_seq_len
+                    self.model,
+                    max_slots=self.max_batch_size,
+                    max_seq_len=self.max_seq_len,
+                    fuse=fuse,
                 )
             except UnsupportedModelError as exc:
                 if backend == "kv":
@@ -222,11 +229,14 @@ class TorchEngine:
 
         Waits for the current decoding step; later steps use the new weights. `source=None`
         means the engine samples from the trainer's own tensors, already updated in place (the
-        prefix cache notices by fingerprint): only `policy_version` moves. `version` defaults to
+        prefix cache notices by fingerprint): `policy_version` moves and the fast path rebuilds its
+        fused q/k/v and gate/up weights before the next step. `version` defaults to
         the current version plus one.
         """
         self.policy_version = self.policy_version + 1 if version is None else version
         if source is None:
+            with self.weights_lock:  # updates that bypass autograd's version counter, too
+                self.backend.weights_changed()
             return
         state = source.state_dict() if isinstance(source, nn.Module) else source
         targets = dict(self.model.named_parameters())
@@ -244,6 +254,7 @@ class TorchEngine:
                         f"sync_weights: {name} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
                     )
                 param.copy_(src)
+            self.backend.weights_changed()
             self._epoch += 1
             if self._prefix is not None:
                 self._prefix.clear()
