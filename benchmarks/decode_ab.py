@@ -1,4 +1,4 @@
-"""TorchEngine decode A/B: fused vs unfused projections and 1 vs 2 torch threads, interleaved.
+"""TorchEngine decode A/B: fused vs unfused projections and 1 vs 2 decode threads, interleaved.
 
 Each round runs every variant once on the same workload (benchmarks.engine's `fixed` scenario:
 random prompts, every sequence generates exactly `--new-tokens` tokens at temperature 1), in an
@@ -27,7 +27,7 @@ from looprl.engines.torch_engine import TorchEngine
 
 @dataclass(frozen=True)
 class Variant:
-    """One engine setting: fused projections or not, and the torch threads it decodes with."""
+    """One engine setting: fused projections or not, and the torch threads it decodes on."""
 
     name: str
     fuse: bool
@@ -35,7 +35,7 @@ class Variant:
 
 
 def parse_variants(text: str) -> list[Variant]:
-    """`fused-1,unfused-1` -> variants; the number is the torch thread count."""
+    """`fused-1,unfused-1` -> variants; the number is the engine's `decode_threads`."""
     out = []
     for item in text.split(","):
         kind, _, threads = item.strip().partition("-")
@@ -63,6 +63,7 @@ def bench(
             device="cpu",
             prefix_cache_mb=0,
             fuse_projections=v.fuse,
+            decode_threads=v.threads,
         )
         for v in variants
     }
@@ -71,7 +72,6 @@ def bench(
         for r in range(rounds + 1):
             shift = r % len(variants)
             for v in variants[shift:] + variants[:shift]:
-                torch.set_num_threads(v.threads)
                 start = time.perf_counter()
                 tokens = run_engine(engines[v.name], work)
                 if r:  # round 0 warms up

@@ -78,3 +78,29 @@ async def test_update_behind_version_counter_is_seen_after_sync_weights():
     await eng.close()
     assert before.token_ids == hf_greedy(reference, p, 10)
     assert after.token_ids == hf_greedy(model, p, 10) != before.token_ids
+
+
+@pytest.mark.parametrize("decode_threads", [1, None])
+def test_decode_runs_on_decode_threads_and_prefill_on_the_default(decode_threads):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)  # the process default the engine's worker thread starts with
+    try:
+        eng = TorchEngine(
+            make_model("llama"), TOKENIZER, stop_token_ids=[], decode_threads=decode_threads
+        )
+        seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+        for name in seen:
+            original = getattr(eng.backend, name)
+
+            def spy(*args, _name=name, _original=original):
+                seen[_name].add(torch.get_num_threads())
+                return _original(*args)
+
+            setattr(eng.backend, name, spy)
+        gens = eng.generate_many(prompts(3), SamplingParams(max_tokens=4))
+        eng.shutdown()
+        assert [len(g.token_ids) for g in gens] == [4, 4, 4]
+        assert seen == {"prefill": {2}, "decode": {decode_threads or 2}}
+        assert torch.get_num_threads() == 2  # this thread's count is its own
+    finally:
+        torch.set_num_threads(previous)

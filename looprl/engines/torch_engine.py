@@ -23,7 +23,8 @@ change (`sync_weights`, or an in-place update detected by a weight fingerprint a
 no turn ever continues keys/values computed by older weights.
 
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
-the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests).
+the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). Decoding runs
+on `decode_threads` torch threads (`looprl.engines.threads`), prefill on the process default.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -54,26 +54,14 @@ from looprl.engines.kv_model import (
 )
 from looprl.engines.prefix_cache import PrefixCache, PrefixEntry
 from looprl.engines.sampling import sample
-from looprl.engines.sequence import SequenceState, check_request, default_stop_ids
+from looprl.engines.sequence import EngineStats, SequenceState, check_request, default_stop_ids
+from looprl.engines.threads import torch_threads
 from looprl.types import FinishReason, Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 PREFILL_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward (bounds activation memory)
 Backend = Literal["auto", "kv", "hf"]
-
-
-@dataclass
-class EngineStats:
-    """Counters since the engine started (read them for throughput metrics)."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    prefill_tokens_saved: int = 0  # prompt tokens not computed (identical prompt, or prefix cache)
-    prefix_hits: int = 0  # prompts that continued a finished turn's cached keys/values
-    generated_tokens: int = 0
-    decode_steps: int = 0
-    busy_seconds: float = 0.0
 
 
 def _resolve_future(fut: asyncio.Future[Generation], gen: Generation) -> None:
@@ -104,6 +92,8 @@ class TorchEngine:
             the fast path only. Entries are dropped whenever the weights change.
         fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
             weight copies (about 2/3 of the layer weights, kept current); False saves that memory.
+        decode_threads: torch threads for each decoding step (1: small matmuls do not scale with
+            threads on CPU; None: the process default).
     """
 
     token_level = True
@@ -121,6 +111,7 @@ class TorchEngine:
         backend: Backend = "auto",
         prefix_cache_mb: int = 1024,
         fuse_projections: bool = True,
+        decode_threads: int | None = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -132,6 +123,7 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.device = device
         self.seed = seed
+        self.decode_threads = decode_threads
         self.stop_token_ids = (
             set(stop_token_ids)
             if stop_token_ids is not None
@@ -348,7 +340,8 @@ class TorchEngine:
             try:
                 self._drop_cancelled()
                 if self._active:  # all of them may have been cancelled
-                    self._decode_step()
+                    with torch_threads(self.decode_threads):
+                        self._decode_step()
             except Exception as exc:
                 logger.exception("TorchEngine: decoding step failed")
                 self._fail(list(self._active), f"decoding failed: {exc!r}")
