@@ -7,7 +7,7 @@ median tokens/s [min-max] of each variant, the median per-round ratio to the fir
 the load average at the start and end.
 
     python -m benchmarks.decode_ab --models tiny,smollm2-shape --batch-sizes 1,8,64
-    python -m benchmarks.decode_ab --variants fused-1,fused-2   # threads only
+    python -m benchmarks.decode_ab --variants unfused-1,unfused-2   # threads only
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="TorchEngine decode A/B (fusion, threads)")
     p.add_argument("--models", default="tiny,smollm2-shape")
     p.add_argument("--batch-sizes", default="1,8,64")
-    p.add_argument("--variants", default="fused-1,unfused-1,fused-2,unfused-2")
+    p.add_argument("--variants", default="unfused-1,fused-1,unfused-2")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)

@@ -46,15 +46,15 @@ def assert_same(a: LlamaKVModel, b: LlamaKVModel, steps: int = 6) -> None:
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_fused_projections_match_unfused(kind):
     model = make_model(kind)
-    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256)
+    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=True)
     assert fused.fused is not None
-    assert_same(fused, LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=False))
+    assert_same(fused, LlamaKVModel(model, max_slots=8, max_seq_len=256))
 
 
 def test_fused_weights_follow_optimizer_steps_and_replaced_parameters():
     model = make_model("qwen2")  # q/k/v biases are fused too
-    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256)
-    plain = LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=False)
+    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=True)
+    plain = LlamaKVModel(model, max_slots=8, max_seq_len=256)
     assert_same(fused, plain)  # builds the fused copies
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     model(torch.tensor([prompts(1)[0]])).logits.sum().backward()
@@ -67,7 +67,7 @@ def test_fused_weights_follow_optimizer_steps_and_replaced_parameters():
 
 async def test_update_behind_version_counter_is_seen_after_sync_weights():
     model = make_model("llama")
-    eng = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu")
+    eng = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu", fuse_projections=True)
     p, sp = prompts(1)[0], SamplingParams(max_tokens=10, temperature=0)
     before = await eng.generate(GenerationRequest(prompt_ids=p, sampling=sp))
     reference = copy.deepcopy(model)

@@ -1,4 +1,4 @@
-"""Fused projection weights for the torch engine's fast path: q/k/v in one matrix, gate/up in another.
+"""Fused projection weights for the torch engine's fast path (opt-in): q/k/v in one matrix, gate/up in another.
 
 A decoder layer then runs 4 matmuls instead of 7 (q, k, v, o, gate, up, down). The copies are kept
 current by comparing the source tensors with those they were built from: see `FusedLayer.current`.

@@ -3,17 +3,15 @@
 Two backends share one small interface (`KVBackend`: reserve, prefill, decode, move/copy a slot):
 
 - `LlamaKVModel` runs its own forward for Llama, Mistral, SmolLM2, Qwen2 (qkv bias) and Qwen3 (q/k
-  norm). It reads o/down projections, norms and embeddings from the Hugging Face module at each call
-  (`layer.self_attn.o_proj.weight`, ...), never copying them. Keys and values live in one
-  preallocated tensor per kind, `(layers, slots, kv_heads, capacity, head_dim)`, grown by doubling.
-- Fused projections: each layer's q/k/v weights are concatenated into one matrix and gate/up into
-  another (`FusedLayer`), so a layer runs 4 matmuls instead of 7. The fused copies (about 2/3 of
-  the layer weights, in the model's dtype) are rebuilt before a forward whenever a source weight is
-  another tensor or its autograd version counter moved: an optimizer step, `param.copy_`, or a
-  parameter replaced by `load_state_dict(assign=True)` is seen on the next step.
-  Updates that bypass the version counter (`param.data.add_`, `AdamW(fused=True)`) are seen after
-  `weights_changed()` (the engine calls it in `sync_weights`). The fused matmul computes each
-  output from the same dot product; logprobs equal the unfused path's within 1e-5 (tests).
+  norm). It reads every weight from the Hugging Face module at each call, never copying it, so a
+  trainer's in-place update (or `load_state_dict(assign=True)`) is seen on the next step. Keys and
+  values live in one tensor per kind, `(layers, slots, kv_heads, capacity, head_dim)`, grown by
+  doubling. With `fuse=True` (off by default: on 2 CPU cores no faster than 7 separate matmuls,
+  docs/benchmarks.md "Decode on CPU") q/k/v and gate/up run as one matmul each over fused copies
+  (`looprl.engines.fused`, about 2/3 of the layer weights), rebuilt before a forward when a source
+  weight is another tensor or its autograd version counter moved, and after `weights_changed()`
+  (the engine calls it in `sync_weights`; needed after `param.data.add_` or `AdamW(fused=True)`,
+  which bypass the counter). Logprobs equal the unfused path's within 1e-5 (tests).
 - `HFCacheModel` calls the model's own forward with its own cache, one sequence at a time. It is
   slower but works for any causal LM and is used when `LlamaKVModel` does not support a model.
 
@@ -206,7 +204,7 @@ class LlamaKVModel:
     `fuse` runs q/k/v and gate/up as one matmul each over fused weight copies (module doc).
     """
 
-    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int, fuse: bool = True) -> None:
+    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int, fuse: bool = False) -> None:
         _check_supported(model)
         cfg = model.config
         self.model = model
