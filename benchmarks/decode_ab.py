@@ -35,7 +35,7 @@ class Variant:
 
 
 def parse_variants(text: str) -> list[Variant]:
-    """`fused-1,unfused-1` -> variants; the number is the engine's `decode_threads`."""
+    """`fused-1,unfused-1` -> variants; the number is the engine's `threads`."""
     out = []
     for item in text.split(","):
         kind, _, threads = item.strip().partition("-")
@@ -63,7 +63,7 @@ def bench(
             device="cpu",
             prefix_cache_mb=0,
             fuse_projections=v.fuse,
-            decode_threads=v.threads,
+            threads=v.threads,
         )
         for v in variants
     }

@@ -10,6 +10,7 @@ from test_torch_engine import TOKENIZER, hf_greedy, make_model, prompts
 
 from looprl.engines.base import GenerationRequest
 from looprl.engines.kv_model import LlamaKVModel
+from looprl.engines.threads import torch_threads
 from looprl.engines.torch_engine import TorchEngine
 from looprl.types import SamplingParams
 
@@ -80,14 +81,12 @@ async def test_update_behind_version_counter_is_seen_after_sync_weights():
     assert after.token_ids == hf_greedy(model, p, 10) != before.token_ids
 
 
-@pytest.mark.parametrize("decode_threads", [1, None])
-def test_decode_runs_on_decode_threads_and_prefill_on_the_default(decode_threads):
+@pytest.mark.parametrize("threads", [1, None])
+def test_engine_steps_run_on_its_threads_and_restore_the_default(threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(2)  # the process default the engine's worker thread starts with
     try:
-        eng = TorchEngine(
-            make_model("llama"), TOKENIZER, stop_token_ids=[], decode_threads=decode_threads
-        )
+        eng = TorchEngine(make_model("llama"), TOKENIZER, stop_token_ids=[], threads=threads)
         seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
         for name in seen:
             original = getattr(eng.backend, name)
@@ -100,7 +99,20 @@ def test_decode_runs_on_decode_threads_and_prefill_on_the_default(decode_threads
         gens = eng.generate_many(prompts(3), SamplingParams(max_tokens=4))
         eng.shutdown()
         assert [len(g.token_ids) for g in gens] == [4, 4, 4]
-        assert seen == {"prefill": {2}, "decode": {decode_threads or 2}}
+        assert seen == {"prefill": {threads or 2}, "decode": {threads or 2}}
         assert torch.get_num_threads() == 2  # this thread's count is its own
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_torch_threads_sets_and_restores_the_count():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with torch_threads(None):
+            assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)

@@ -1,10 +1,11 @@
-"""Torch's intra-op thread count for one block of work on the calling OS thread (decode runs on one).
+"""Torch's intra-op thread count for one block of work on the calling OS thread (the engine's steps).
 
 Under OpenMP, `torch.set_num_threads` sets the calling thread's own count (`omp_set_num_threads`,
 MKL's thread-local count) and the default of threads that have not run torch yet; threads that
-already did keep theirs. A decode-shaped matmul (64x576 @ 576x1536) runs about 4x faster on one
-thread than on two on a 2-core machine (docs/benchmarks.md, "Decode threads"), while a
-training-shaped one scales, so the engine decodes on one thread and prefills on the default.
+already did keep theirs. On the engine's worker thread, a decode-shaped matmul (64x576 @ 576x1536)
+runs about 2.6x faster on one thread than on two on a 2-core machine, and prefill-shaped ones
+(512 or 2048 rows) 1.2-2x (docs/benchmarks.md, "Decode on CPU"), so the engine runs each step on
+one thread by default and restores the count after it.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ change (`sync_weights`, or an in-place update detected by a weight fingerprint a
 no turn ever continues keys/values computed by older weights.
 
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
-the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). Decoding runs
-on `decode_threads` torch threads (`looprl.engines.threads`), prefill on the process default.
+the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). The worker
+runs each step on `threads` torch threads (`looprl.engines.threads`; 1 by default).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ class TorchEngine:
         fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
             weight copies (about 2/3 of the layer weights, kept current). Off by default: on CPU it
             measured no faster than separate matmuls.
-        decode_threads: torch threads for each decoding step (1: small matmuls do not scale with
-            threads on CPU; None: the process default).
+        threads: torch threads for each prefill and decoding step, on the worker thread only (1:
+            faster there on CPU, docs/benchmarks.md "Decode on CPU"; None: the process default).
     """
 
     token_level = True
@@ -112,7 +112,7 @@ class TorchEngine:
         backend: Backend = "auto",
         prefix_cache_mb: int = 1024,
         fuse_projections: bool = False,
-        decode_threads: int | None = 1,
+        threads: int | None = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -124,7 +124,7 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.device = device
         self.seed = seed
-        self.decode_threads = decode_threads
+        self.threads = threads
         self.stop_token_ids = (
             set(stop_token_ids)
             if stop_token_ids is not None
@@ -319,7 +319,7 @@ class TorchEngine:
         with torch.inference_mode():
             while (admitted := self._next_admissions()) is not None:
                 start = time.perf_counter()
-                with self.weights_lock:
+                with self.weights_lock, torch_threads(self.threads):
                     self._step(admitted)
                 self.stats.busy_seconds += time.perf_counter() - start
         with self._cond:
@@ -341,8 +341,7 @@ class TorchEngine:
             try:
                 self._drop_cancelled()
                 if self._active:  # all of them may have been cancelled
-                    with torch_threads(self.decode_threads):
-                        self._decode_step()
+                    self._decode_step()
             except Exception as exc:
                 logger.exception("TorchEngine: decoding step failed")
                 self._fail(list(self._active), f"decoding failed: {exc!r}")
