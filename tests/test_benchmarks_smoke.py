@@ -43,6 +43,17 @@ def test_engine_benchmark_quick():
     assert "tok/s" in out or "tokens/s" in out
 
 
+def test_decode_ab_benchmark_quick():
+    args = ("--models", "smollm2-shape-small", "--batch-sizes", "2", "--rounds", "1")
+    out = _run("-m", "benchmarks.decode_ab", *args, "--new-tokens", "3", "--prompt-len", "4")
+    assert out.count("smollm2-shape-small") == 3 and "load" in out, out
+
+
+def test_thread_stall_benchmark_quick():
+    out = _run("-m", "benchmarks.thread_stall", "--rounds", "1")
+    assert all(case in out for case in ("default", "passive", "one-thread")), out
+
+
 def test_sandbox_benchmark_quick():
     args = ("--calls", "5", "--rounds", "2", "--backends", "forkserver", "--breakdown")
     out = _run("-m", "benchmarks.sandbox", *args)

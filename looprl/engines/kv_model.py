@@ -3,10 +3,15 @@
 Two backends share one small interface (`KVBackend`: reserve, prefill, decode, move/copy a slot):
 
 - `LlamaKVModel` runs its own forward for Llama, Mistral, SmolLM2, Qwen2 (qkv bias) and Qwen3 (q/k
-  norm). It reads every weight from the Hugging Face module at each call (`layer.self_attn.q_proj.
-  weight`, ...), never copying it, so in-place updates by a trainer (or a parameter replaced by
-  `load_state_dict(assign=True)`) are seen on the next step. Keys and values live in one preallocated
-  tensor per kind, `(layers, slots, kv_heads, capacity, head_dim)`, grown by doubling when needed.
+  norm). It reads every weight from the Hugging Face module at each call, never copying it, so a
+  trainer's in-place update (or `load_state_dict(assign=True)`) is seen on the next step. Keys and
+  values live in one tensor per kind, `(layers, slots, kv_heads, capacity, head_dim)`, grown by
+  doubling. With `fuse=True` (off by default: on 2 CPU cores no faster than 7 separate matmuls,
+  docs/benchmarks.md "Decode on CPU") q/k/v and gate/up run as one matmul each over fused copies
+  (`looprl.engines.fused`, about 2/3 of the layer weights), rebuilt before a forward when a source
+  weight is another tensor or its autograd version counter moved, and after `weights_changed()`
+  (the engine calls it in `sync_weights`; needed after `param.data.add_` or `AdamW(fused=True)`,
+  which bypass the counter). Logprobs equal the unfused path's within 1e-5 (tests).
 - `HFCacheModel` calls the model's own forward with its own cache, one sequence at a time. It is
   slower but works for any causal LM and is used when `LlamaKVModel` does not support a model.
 
@@ -23,6 +28,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from looprl.engines.fused import FusedLayer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -64,6 +71,10 @@ class KVBackend(Protocol):
 
     def truncate(self, slots: int) -> None:
         """Forget slots `slots...` (their sequences are finished)."""
+        ...
+
+    def weights_changed(self) -> None:
+        """Drop anything computed from the weights (fused copies); called after a weight sync."""
         ...
 
     def release(self) -> None:
@@ -190,9 +201,10 @@ class LlamaKVModel:
     `max_slots` bounds the number of concurrent sequences and `max_seq_len` the cached positions per
     sequence. Memory is allocated lazily and grown by doubling, so large limits cost nothing upfront.
     Sliding-window models are supported up to their window (within it, attention is full).
+    `fuse` runs q/k/v and gate/up as one matmul each over fused weight copies (module doc).
     """
 
-    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int) -> None:
+    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int, fuse: bool = False) -> None:
         _check_supported(model)
         cfg = model.config
         self.model = model
@@ -203,6 +215,9 @@ class LlamaKVModel:
         self.head_dim = int(attn.head_dim)
         self.scale = float(attn.scaling)
         self.qk_norm = hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_sizes = [q_out, kv_out, kv_out]  # rows of q, k and v in a fused weight
+        self.fused = [FusedLayer(layer) for layer in self.layers] if fuse else None
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len
         weight = model.lm_head.weight
@@ -266,9 +281,21 @@ class LlamaKVModel:
         self.v = self.v.new_empty(self.k.shape)
 
     # --- forward ----------------------------------------------------------------------------
+    def weights_changed(self) -> None:
+        """Rebuild the fused weights before the next forward (after an update they cannot see)."""
+        for f in self.fused or []:
+            f.invalidate()
+
+    def _current_fused(self) -> list[FusedLayer | None]:
+        """Each layer's up-to-date fused weights (None per layer when fusion is off)."""
+        if self.fused is None:
+            return [None] * len(self.layers)
+        return [f.current() for f in self.fused]
+
     def _qkv(
         self,
         layer: Any,
+        fused: FusedLayer | None,
         x: torch.Tensor,
         rope_q: tuple[torch.Tensor, torch.Tensor],
         rope_k: tuple[torch.Tensor, torch.Tensor],
@@ -280,20 +307,26 @@ class LlamaKVModel:
         """
         attn = layer.self_attn
         lead = x.shape[:-1]
-        q = _linear(x, attn.q_proj).view(*lead, self.num_heads, self.head_dim)
-        k = _linear(x, attn.k_proj).view(*lead, self.num_kv_heads, self.head_dim)
-        v = _linear(x, attn.v_proj).view(*lead, self.num_kv_heads, self.head_dim)
+        if fused is None:
+            q, k, v = _linear(x, attn.q_proj), _linear(x, attn.k_proj), _linear(x, attn.v_proj)
+        else:
+            q, k, v = F.linear(x, *fused.qkv).split(self.qkv_sizes, dim=-1)
+        q = q.view(*lead, self.num_heads, self.head_dim)
+        k = k.view(*lead, self.num_kv_heads, self.head_dim)
+        v = v.view(*lead, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = _rms_norm(q, attn.q_norm), _rms_norm(k, attn.k_norm)
         return _rope(q, *rope_q), _rope(k, *rope_k), v
 
-    def _mlp(self, layer: Any, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: Any, fused: FusedLayer | None, h: torch.Tensor) -> torch.Tensor:
         """Post-attention norm + SwiGLU MLP + residual."""
         mlp = layer.mlp
         x = _rms_norm(h, layer.post_attention_layernorm)
-        return h + _linear(
-            F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj
-        )
+        if fused is None:
+            gate, up = _linear(x, mlp.gate_proj), _linear(x, mlp.up_proj)
+        else:
+            gate, up = F.linear(x, fused.gate_up).chunk(2, dim=-1)
+        return h + _linear(F.silu(gate) * up, mlp.down_proj)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the selected hidden states `(n, hidden)` -> `(n, V)`."""
@@ -319,28 +352,29 @@ class LlamaKVModel:
         if any(starts):
             plan.offsets(self, torch.tensor(starts, device=self.device), lens)
         h = F.embedding(ids.to(self.device), self.model.model.embed_tokens.weight)  # (m, T, hidden)
+        fused = self._current_fused()
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_layernorm)
-            out = self._prefill_attention(i, layer, x, plan)  # (m, T, H*D)
-            h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
+            out = self._prefill_attention(i, layer, fused[i], x, plan)  # (m, T, H*D)
+            h = self._mlp(layer, fused[i], h + _linear(out, layer.self_attn.o_proj))
         h_last = h[torch.arange(m, device=self.device), lens - 1]  # (m, hidden)
         return self._logits(h_last)
 
     def _prefill_attention(
-        self, i: int, layer: Any, x: torch.Tensor, plan: _PrefillPlan
+        self, i: int, layer: Any, fused: FusedLayer | None, x: torch.Tensor, plan: _PrefillPlan
     ) -> torch.Tensor:
         """Attention of one layer over a prefill batch; caches the new keys and values."""
         m, width, dim = plan.m, plan.width, self.head_dim
         slots = slice(plan.first_slot, plan.first_slot + m)
         if plan.mask is None:  # fresh prompts: positions 0..T-1, plain causal attention
             rope = (self.cos[:width, None], self.signed_sin[:width, None])  # (T, 1, D)
-            q, k, v = self._qkv(layer, x, rope, rope)  # (m, T, heads, D)
+            q, k, v = self._qkv(layer, fused, x, rope, rope)  # (m, T, heads, D)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (m, Hkv, T, D)
             self.k[i, slots, :, :width] = k
             self.v[i, slots, :, :width] = v
             mask, causal = None, True
         else:  # continuing cached prefixes: write the real tokens, attend over the slot's cache
-            q, k, v = self._qkv(layer, x, plan.rope, plan.rope)
+            q, k, v = self._qkv(layer, fused, x, plan.rope, plan.rope)
             self.k[i].view(-1, dim).index_copy_(0, plan.rows, k[plan.valid].reshape(-1, dim))
             self.v[i].view(-1, dim).index_copy_(0, plan.rows, v[plan.valid].reshape(-1, dim))
             k, v = self.k[i, slots, :, : plan.span], self.v[i, slots, :, : plan.span]
@@ -379,16 +413,17 @@ class LlamaKVModel:
         slot_heads = torch.arange(n, device=self.device)[:, None] * self.num_kv_heads + heads
         rows = (slot_heads * self.k.shape[3] + positions[:, None]).reshape(-1)  # (n * Hkv,)
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # (n, hidden)
+        fused = self._current_fused()
         for i, layer in enumerate(self.layers):
             x = _rms_norm(h, layer.input_layernorm)
-            q, k, v = self._qkv(layer, x, rope_q, rope_k)  # (n, heads, D); q carries the scale
+            q, k, v = self._qkv(layer, fused[i], x, rope_q, rope_k)  # (n, heads, D); q scaled
             self.k[i].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
             self.v[i].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
             keys, values = self.k[i, :n, :, :span], self.v[i, :n, :, :span]  # (n, Hkv, L, D)
             out = F.scaled_dot_product_attention(
                 q[:, :, None, :], keys, values, attn_mask=allowed, scale=1.0, enable_gqa=True
             ).reshape(n, -1)  # (n, H*D)
-            h = self._mlp(layer, h + _linear(out, layer.self_attn.o_proj))
+            h = self._mlp(layer, fused[i], h + _linear(out, layer.self_attn.o_proj))
         return self._logits(h)
 
 
@@ -450,6 +485,9 @@ class HFCacheModel:
     def release(self) -> None:
         """Drop every cache."""
         self.caches = []
+
+    def weights_changed(self) -> None:
+        """Nothing to drop: the model's own forward reads its weights at every call."""
 
     def export_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Not available: the model's own cache objects have no common layout."""

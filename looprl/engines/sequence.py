@@ -1,4 +1,4 @@
-"""One request inside the torch engine (prompt, settings, sampled tokens, reply hook) and its checks."""
+"""One request inside the torch engine (prompt, settings, sampled tokens, reply hook), its checks, the counters."""
 
 from __future__ import annotations
 
@@ -47,6 +47,19 @@ class SequenceState:
         """Sampling settings for `looprl.engines.sampling.sample`."""
         s = self.sampling
         return RowParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine started (read them for throughput metrics)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens_saved: int = 0  # prompt tokens not computed (identical prompt, or prefix cache)
+    prefix_hits: int = 0  # prompts that continued a finished turn's cached keys/values
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    busy_seconds: float = 0.0
 
 
 def default_stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:

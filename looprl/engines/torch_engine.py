@@ -8,9 +8,10 @@ caller's event loop with `call_soon_threadsafe`, so the event loop never runs th
 
 Weights, two modes:
 
-- shared (default): give the engine the trainer's own model. The fast path reads the parameters
-  at every step, never copying them, so an optimizer step is visible on the next generation for
-  free. Update weights only while nothing is generating, or hold `engine.weights_lock` meanwhile.
+- shared (default): give the engine the trainer's own model; an optimizer step is seen on the
+  next step (with `fuse_projections`, the fused q/k/v and gate/up copies are rebuilt when a weight's
+  version counter moves; after an update through `.data` call `sync_weights(None)`). Update
+  weights only while nothing is generating, or hold `engine.weights_lock` meanwhile.
 - separate copy (asynchronous one-step-ahead training): give the engine its own copy of the model
   and call `engine.sync_weights(trainer_model)` when the trainer has finished a step; the copy
   waits for the current decoding step, then overwrites the engine's parameters in place.
@@ -22,7 +23,8 @@ change (`sync_weights`, or an in-place update detected by a weight fingerprint a
 no turn ever continues keys/values computed by older weights.
 
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
-the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests).
+the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). The worker
+runs each step on `threads` torch threads (`looprl.engines.threads`; 1 by default).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -53,26 +54,14 @@ from looprl.engines.kv_model import (
 )
 from looprl.engines.prefix_cache import PrefixCache, PrefixEntry
 from looprl.engines.sampling import sample
-from looprl.engines.sequence import SequenceState, check_request, default_stop_ids
+from looprl.engines.sequence import EngineStats, SequenceState, check_request, default_stop_ids
+from looprl.engines.threads import torch_threads
 from looprl.types import FinishReason, Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 PREFILL_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward (bounds activation memory)
 Backend = Literal["auto", "kv", "hf"]
-
-
-@dataclass
-class EngineStats:
-    """Counters since the engine started (read them for throughput metrics)."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    prefill_tokens_saved: int = 0  # prompt tokens not computed (identical prompt, or prefix cache)
-    prefix_hits: int = 0  # prompts that continued a finished turn's cached keys/values
-    generated_tokens: int = 0
-    decode_steps: int = 0
-    busy_seconds: float = 0.0
 
 
 def _resolve_future(fut: asyncio.Future[Generation], gen: Generation) -> None:
@@ -101,6 +90,11 @@ class TorchEngine:
         prefix_cache_mb: memory for finished turns' keys/values, so that the next turn of a
             conversation (same tokens plus a suffix) prefills only the suffix. 0 turns it off;
             the fast path only. Entries are dropped whenever the weights change.
+        fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
+            weight copies (about 2/3 of the layer weights, kept current). Off by default: on CPU it
+            measured no faster than separate matmuls.
+        threads: torch threads for each prefill and decoding step, on the worker thread only (1:
+            faster there on CPU, docs/benchmarks.md "Decode on CPU"; None: the process default).
     """
 
     token_level = True
@@ -117,6 +111,8 @@ class TorchEngine:
         max_seq_len: int | None = None,
         backend: Backend = "auto",
         prefix_cache_mb: int = 1024,
+        fuse_projections: bool = False,
+        threads: int | None = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -128,6 +124,7 @@ class TorchEngine:
         self.max_batch_size = max_batch_size
         self.device = device
         self.seed = seed
+        self.threads = threads
         self.stop_token_ids = (
             set(stop_token_ids)
             if stop_token_ids is not None
@@ -136,7 +133,7 @@ class TorchEngine:
         self.max_seq_len = max_seq_len or self._default_max_len(model)
         hf_model: Any = model  # nn.Module attributes are untyped for mypy
         self.vocab_size = int(hf_model.get_input_embeddings().weight.shape[0])
-        self.backend: KVBackend = self._make_backend(backend)
+        self.backend: KVBackend = self._make_backend(backend, fuse_projections)
         self.stats = EngineStats()
         self.policy_version = 0  # the optimizer step whose weights are sampled (TrainableEngine)
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
@@ -161,13 +158,16 @@ class TorchEngine:
         window = sliding_window_limit(cfg)
         return min(limit, window) if window else limit
 
-    def _make_backend(self, backend: Backend) -> KVBackend:
+    def _make_backend(self, backend: Backend, fuse: bool) -> KVBackend:
         if backend not in ("auto", "kv", "hf"):
             raise ValueError(f"unknown backend {backend!r}; choose 'auto', 'kv' or 'hf'")
         if backend != "hf":
             try:
                 return LlamaKVModel(
-                    self.model, max_slots=self.max_batch_size, max_seq_len=self.max_seq_len
+                    self.model,
+                    max_slots=self.max_batch_size,
+                    max_seq_len=self.max_seq_len,
+                    fuse=fuse,
                 )
             except UnsupportedModelError as exc:
                 if backend == "kv":
@@ -222,11 +222,14 @@ class TorchEngine:
 
         Waits for the current decoding step; later steps use the new weights. `source=None`
         means the engine samples from the trainer's own tensors, already updated in place (the
-        prefix cache notices by fingerprint): only `policy_version` moves. `version` defaults to
+        prefix cache notices by fingerprint): `policy_version` moves and the fast path rebuilds its
+        fused q/k/v and gate/up weights before the next step. `version` defaults to
         the current version plus one.
         """
         self.policy_version = self.policy_version + 1 if version is None else version
         if source is None:
+            with self.weights_lock:  # updates that bypass autograd's version counter, too
+                self.backend.weights_changed()
             return
         state = source.state_dict() if isinstance(source, nn.Module) else source
         targets = dict(self.model.named_parameters())
@@ -244,6 +247,7 @@ class TorchEngine:
                         f"sync_weights: {name} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
                     )
                 param.copy_(src)
+            self.backend.weights_changed()
             self._epoch += 1
             if self._prefix is not None:
                 self._prefix.clear()
@@ -315,7 +319,7 @@ class TorchEngine:
         with torch.inference_mode():
             while (admitted := self._next_admissions()) is not None:
                 start = time.perf_counter()
-                with self.weights_lock:
+                with self.weights_lock, torch_threads(self.threads):
                     self._step(admitted)
                 self.stats.busy_seconds += time.perf_counter() - start
         with self._cond:
