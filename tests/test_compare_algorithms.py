@@ -141,7 +141,9 @@ def test_report_only_reads_back_and_starts_nothing(tmp_path):
     missing, and no run directory is created or trained."""
     out = ["--out", str(tmp_path)]
     ca.main([*SMALL, *out, "--max-async-steps", "0"])  # the on-policy run only
-    ca.main([*SMALL, *out, "--report-only", "--also-plot", "rollout/gen_tokens", "eval/no_such_key"])
+    ca.main(
+        [*SMALL, *out, "--report-only", "--also-plot", "rollout/gen_tokens", "eval/no_such_key"]
+    )
     assert (tmp_path / "rollout_gen_tokens-u1-a0-step.png").stat().st_size > 0
     assert not list(tmp_path.glob("eval_no_such_key*"))
     summary = json.loads((tmp_path / "summary.json").read_text())
