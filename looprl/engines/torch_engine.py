@@ -24,7 +24,8 @@ no turn ever continues keys/values computed by older weights.
 
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
 the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). The worker
-runs each step on `threads` torch threads (`looprl.engines.threads`; 1 by default).
+runs each step on `threads` torch threads when set (`looprl.engines.threads`; by default the
+process's count).
 """
 
 from __future__ import annotations
@@ -93,8 +94,10 @@ class TorchEngine:
         fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
             weight copies (about 2/3 of the layer weights, kept current). Off by default: on CPU it
             measured no faster than separate matmuls.
-        threads: torch threads for each prefill and decoding step, on the worker thread only (1:
-            faster there on CPU, docs/benchmarks.md "Decode on CPU"; None: the process default).
+        threads: torch threads for each prefill and decoding step, on the worker thread only
+            (None, the default: the process's count; 1 never stalls under load but leaves a quiet
+            machine's second core idle, and while training runs beside the engine it changes
+            the count the update's matmuls see: docs/benchmarks.md "Decode on CPU").
     """
 
     token_level = True
@@ -112,7 +115,7 @@ class TorchEngine:
         backend: Backend = "auto",
         prefix_cache_mb: int = 1024,
         fuse_projections: bool = False,
-        threads: int | None = 1,
+        threads: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
