@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine import Workload, load_named, make_workload, run_engine
-from looprl.engines.torch_engine import TorchEngine
+from benchmarks.engine import Workload, bench_engine, load_named, make_workload, run_engine
 
 
 @dataclass(frozen=True)
@@ -55,16 +54,7 @@ def bench(
 ) -> dict[str, list[float]]:
     """Tokens/s samples per variant, `rounds` interleaved rounds after one warm-up each."""
     engines = {
-        v.name: TorchEngine(
-            model,
-            tokenizer,
-            max_batch_size=len(work.lengths),
-            stop_token_ids=[],
-            device="cpu",
-            prefix_cache_mb=0,
-            fuse_projections=v.fuse,
-            threads=v.threads,
-        )
+        v.name: bench_engine(model, tokenizer, work, fuse_projections=v.fuse, threads=v.threads)
         for v in variants
     }
     samples: dict[str, list[float]] = {v.name: [] for v in variants}

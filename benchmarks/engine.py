@@ -166,19 +166,20 @@ class Row:
         return statistics.median(e / h for e, h in zip(self.engine, self.hf, strict=True))
 
 
+def bench_engine(model: Any, tokenizer: Any, work: Workload, **options: Any) -> TorchEngine:
+    """A TorchEngine sized to `work`, with no prefix cache: repeated runs of the same prompts would
+    otherwise skip their prefill. `options` go to TorchEngine (fuse_projections, threads)."""
+    return TorchEngine(
+        model, tokenizer, max_batch_size=len(work.lengths), stop_token_ids=[], device="cpu",
+        prefix_cache_mb=0, **options,
+    )  # fmt: skip
+
+
 def bench_row(
     name: str, model: Any, tokenizer: Any, work: Workload, runs: int, clock: Callable[[], float]
 ) -> Row:
     """Alternate the two sides `runs` times on one workload."""
-    # No prefix cache: repeated runs of the same prompts would otherwise skip their prefill.
-    engine = TorchEngine(
-        model,
-        tokenizer,
-        max_batch_size=len(work.lengths),
-        stop_token_ids=[],
-        device="cpu",
-        prefix_cache_mb=0,
-    )
+    engine = bench_engine(model, tokenizer, work)
     warm = Workload(work.prompts, [2] * len(work.lengths))
     row = Row(name, len(work.lengths))
     try:
