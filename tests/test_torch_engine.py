@@ -388,6 +388,26 @@ async def test_release_memory_when_idle(engine):
     assert len(again.token_ids) == 3
 
 
+async def test_prefix_shared_by_new_tasks_is_prefilled_once(llama, engine):
+    system = torch.randint(2, VOCAB, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    tasks = [system + tail for tail in prompts(3, seed=6)]  # one system prompt, three questions
+    sp = SamplingParams(max_tokens=4, temperature=0)
+    with engine._cond:  # the scheduler waits for the lock, then admits all three at once
+        futures = [
+            asyncio.ensure_future(engine.generate(GenerationRequest(prompt_ids=p, sampling=sp)))
+            for p in tasks
+        ]
+        await asyncio.sleep(0)
+    gens = await asyncio.gather(*futures)
+    assert engine.stats.shared_prefills == 1
+    assert engine.stats.prefill_tokens_saved == 3 * len(system)  # computed once, aside
+    for p, g in zip(tasks, gens, strict=True):
+        assert g.token_ids == hf_greedy(llama, p, 4)
+        assert torch.allclose(
+            torch.tensor(g.logprobs), hf_logprobs(llama, p, g.token_ids), atol=1e-4
+        )
+
+
 async def test_next_turn_reuses_cached_prefix(llama, engine):
     p = prompts(1, seed=11)[0]
     turn1 = await engine.generate(

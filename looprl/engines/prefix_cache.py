@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 FINGERPRINT_SAMPLES = 8  # elements read per parameter
+SHARED_PREFIX_MIN = 32  # shortest prefix common to several new prompts that is prefilled once
 
 
 @dataclass
@@ -102,3 +103,17 @@ def weights_fingerprint(model: Any) -> torch.Tensor:
         step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
         samples.append(flat[::step][:FINGERPRINT_SAMPLES].float())
     return torch.cat(samples)
+
+
+def shared_prefix_len(prompts: list[list[int]]) -> int:
+    """Positions every prompt starts with (0 below SHARED_PREFIX_MIN or for fewer than 2 prompts).
+
+    At most `min(len) - 1`: each prompt keeps one token of its own to feed for its logits.
+    """
+    if len(prompts) < 2:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= SHARED_PREFIX_MIN else 0

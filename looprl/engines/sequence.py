@@ -55,8 +55,11 @@ class EngineStats:
 
     requests: int = 0
     prompt_tokens: int = 0
-    prefill_tokens_saved: int = 0  # prompt tokens not computed (identical prompt, or prefix cache)
-    prefix_hits: int = 0  # prompts that continued a finished turn's cached keys/values
+    prefill_tokens_saved: int = (
+        0  # prompt tokens not computed (identical prompt, cached or shared prefix)
+    )
+    prefix_hits: int = 0  # prompts that started from cached or shared keys/values
+    shared_prefills: int = 0  # prefixes common to several new prompts, each prefilled once
     generated_tokens: int = 0
     decode_steps: int = 0
     busy_seconds: float = 0.0

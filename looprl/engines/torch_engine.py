@@ -20,7 +20,9 @@ Multi-turn rollouts: when a sequence finishes, its keys/values go into a prefix 
 (`looprl.engines.prefix_cache`); a later prompt that extends it (the same conversation plus the
 environment's reply) prefills only the new tokens. The cache is emptied whenever the weights
 change (`sync_weights`, or an in-place update detected by a weight fingerprint at admission), so
-no turn ever continues keys/values computed by older weights.
+no turn ever continues keys/values computed by older weights. New prompts admitted together that
+start alike (the system prompt and tool schemas every task of an environment shares) prefill
+that common prefix once (`prefix_cache.shared_prefix_len`) and each computes only its own rest.
 
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
 the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). The worker
@@ -39,21 +41,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from looprl.engines.backends import Backend, default_max_len, make_backend
 from looprl.engines.base import GenerationRequest
 from looprl.engines.detokenize import StopStringWatcher
-from looprl.engines.kv_model import (
-    HFCacheModel,
-    KVBackend,
-    LlamaKVModel,
-    UnsupportedModelError,
-    sliding_window_limit,
-)
-from looprl.engines.prefix_cache import PrefixCache, PrefixEntry
+from looprl.engines.kv_model import KVBackend, LlamaKVModel
+from looprl.engines.prefix_cache import PrefixCache, PrefixEntry, shared_prefix_len
 from looprl.engines.sampling import sample
 from looprl.engines.sequence import EngineStats, SequenceState, check_request, default_stop_ids
 from looprl.engines.threads import torch_threads
@@ -62,7 +59,6 @@ from looprl.types import FinishReason, Generation, SamplingParams
 logger = logging.getLogger(__name__)
 
 PREFILL_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward (bounds activation memory)
-Backend = Literal["auto", "kv", "hf"]
 
 
 def _resolve_future(fut: asyncio.Future[Generation], gen: Generation) -> None:
@@ -133,10 +129,13 @@ class TorchEngine:
             if stop_token_ids is not None
             else default_stop_ids(model, tokenizer)
         )
-        self.max_seq_len = max_seq_len or self._default_max_len(model)
+        self.max_seq_len = max_seq_len or default_max_len(model)
         hf_model: Any = model  # nn.Module attributes are untyped for mypy
         self.vocab_size = int(hf_model.get_input_embeddings().weight.shape[0])
-        self.backend: KVBackend = self._make_backend(backend, fuse_projections)
+        self.backend: KVBackend = make_backend(
+            model, backend, max_slots=max_batch_size, max_seq_len=self.max_seq_len,
+            fuse=fuse_projections,
+        )  # fmt: skip
         self.stats = EngineStats()
         self.policy_version = 0  # the optimizer step whose weights are sampled (TrainableEngine)
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
@@ -153,30 +152,6 @@ class TorchEngine:
         )
         self._thread = threading.Thread(target=self._loop, name="looprl-torch-engine", daemon=True)
         self._thread.start()
-
-    @staticmethod
-    def _default_max_len(model: nn.Module) -> int:
-        cfg = model.config
-        limit = int(getattr(cfg, "max_position_embeddings", None) or 2048)
-        window = sliding_window_limit(cfg)
-        return min(limit, window) if window else limit
-
-    def _make_backend(self, backend: Backend, fuse: bool) -> KVBackend:
-        if backend not in ("auto", "kv", "hf"):
-            raise ValueError(f"unknown backend {backend!r}; choose 'auto', 'kv' or 'hf'")
-        if backend != "hf":
-            try:
-                return LlamaKVModel(
-                    self.model,
-                    max_slots=self.max_batch_size,
-                    max_seq_len=self.max_seq_len,
-                    fuse=fuse,
-                )
-            except UnsupportedModelError as exc:
-                if backend == "kv":
-                    raise
-                logger.warning("TorchEngine: no fast path (%s); using the model's own forward", exc)
-        return HFCacheModel(self.model)
 
     @property
     def backend_name(self) -> str:
@@ -353,7 +328,8 @@ class TorchEngine:
         """Prefill new sequences into the slots after the active ones and sample their first tokens.
 
         Identical prompts (a GRPO group) are computed once; a prompt that continues a finished
-        turn reuses its cached keys/values. Shortest work first, in forwards of at most
+        turn reuses its cached keys/values; the prefix that the other new prompts share (a system
+        prompt with tool schemas) is computed once. Shortest work first, in forwards of at most
         PREFILL_TOKEN_BUDGET padded tokens (one longer prompt still goes alone).
         """
         if self._prefix is not None and self._prefix.check_weights(self.model):
@@ -366,6 +342,7 @@ class TorchEngine:
         if self._prefix is not None and self._prefix.entries:
             for g in groups:
                 g[0].prefix = self._prefix.take(g[0].prompt)
+        self._prefill_shared([g[0] for g in groups if g[0].prefix is None])
 
         def work(g: list[SequenceState]) -> int:
             return len(g[0].prompt) - (g[0].prefix[0] if g[0].prefix else 0)
@@ -378,6 +355,20 @@ class TorchEngine:
                 take += 1
             self._prefill(groups[:take])
             groups = groups[take:]
+
+    def _prefill_shared(self, fresh: list[SequenceState]) -> None:
+        """Prefill once the prefix that `fresh` prompts (nothing cached) share; each then reuses it."""
+        n = shared_prefix_len([s.prompt for s in fresh]) if self.backend.supports_prefix else 0
+        if not n:
+            return
+        slot = len(self._active)  # free until the groups are placed
+        self.backend.reserve(slot + 1, n)
+        self.backend.prefill([fresh[0].prompt[:n]], slot)
+        keys, values = self.backend.export_slot(slot, n)
+        entry = PrefixEntry(tokens=fresh[0].prompt[:n], keys=keys, values=values)
+        for s in fresh:
+            s.prefix = (n, entry)
+        self.stats.shared_prefills += 1
 
     def _prefill(self, groups: list[list[SequenceState]]) -> None:
         """Prefill one prompt per group; the rest of each group copies its original's cache."""
