@@ -11,9 +11,10 @@ environment's messages are appended by rendering only the new suffix:
    Mistral's template moves the system message onto whichever user message is last);
 3. the context grows by the *glue* the template puts after an assistant message that the model
    did not sample itself (for ChatML: the newline after `<|im_end|>`, or the whole closing when
-   the turn ended on a stop string) and by the suffix tokens. Both carry mask 0. A format whose
-   turns close in one of several ways declares the others (harmony: `<|call|>` after a call,
-   `<|return|>` after an answer): the glue is the shortest missing tail among them.
+   the turn ended on a stop string) and by the suffix tokens. Both carry mask 0. A format that
+   closes a call turn differently from an answer declares it (`call_closing`: harmony's
+   `<|call|>`, where an answer ends in `<|return|>`), and a turn the template writes as a call
+   is glued to that closing.
 
 Where a template rewrites history (some drop earlier `<think>` blocks), step 2 fails: the
 caller starts a new training segment whose prompt is the full re-rendering, and counts it.
@@ -93,7 +94,7 @@ class Renderer:
         self._reasoning_field = reasoning_field(text)
         self._dropped_ids = self._ids_decode_drops()
         self.closing = self._assistant_closing()
-        self.closings = (self.closing, *getattr(self.parser, "closings", ()))
+        self.call_closing: str = getattr(self.parser, "call_closing", self.closing)
 
     def render_text(
         self, messages: list[Message], *, add_generation_prompt: bool, tools: Tools | None = None
@@ -166,9 +167,8 @@ class Renderer:
         if drop_reasoning or moved or full_ids[: len(prev_ids)] != prev_ids:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))
-        closings = self.closings[::-1] if dicts[turn].get("tool_calls") else self.closings
-        glue = min((_missing_tail(sampled_text, c) for c in closings), key=len)
-        glue_ids = self.encode(glue)
+        closing = self.call_closing if dicts[turn].get("tool_calls") else self.closing
+        glue_ids = self.encode(_missing_tail(sampled_text, closing))
         return Extension(
             ok=True, glue_ids=glue_ids, suffix_ids=full_ids[len(prev_ids) :], full_ids=full_ids
         )

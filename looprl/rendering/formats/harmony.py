@@ -22,7 +22,7 @@ or, for an answer, `...<|channel|>final<|message|>It is 3.<|return|>`. Rules of 
   parser (`reads_reasoning`) instead of looking for `<think>` blocks.
 
 A turn ends in `<|call|>` or `<|return|>` (gpt-oss's stop tokens, which the engines keep);
-the chat template closes an answer with `<|return|>`, a call with `<|call|>` (`closings`).
+the chat template closes an answer with `<|return|>`, a call with `<|call|>` (`call_closing`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class HarmonyParser:
     """Harmony's special tokens: decoding must keep them for the parser."""
     reads_reasoning = True
     """The reasoning is a channel this parser reads, not a `<think>` block."""
-    closings: tuple[str, ...] = (CALL,)
+    call_closing = CALL
     """What closes a tool-call turn (the template closes an answer with `<|return|>`)."""
 
     def parse(self, text: str) -> ParsedTurn:
@@ -156,7 +156,9 @@ def _call(message: HarmonyMessage, call_id: str) -> ToolCall | ParseError:
     """One message with a recipient as a call, or what is wrong with it."""
 
     def error(kind: str, problem: str, name: str = "") -> ParseError:
-        return ParseError(kind, f"{problem}, so no tool ran; write {EXAMPLE}", message.raw, call_id, name)
+        return ParseError(
+            kind, f"{problem}, so no tool ran; write {EXAMPLE}", message.raw, call_id, name
+        )
 
     name = _name(message.recipient)
     if not message.recipient.startswith(NAMESPACE):
@@ -168,7 +170,9 @@ def _call(message: HarmonyMessage, call_id: str) -> ToolCall | ParseError:
         arguments = strict_loads(message.body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, NaN, digit limit, nesting
         problem = str(exc)[:200] or type(exc).__name__
-        return error(INVALID_JSON, f"the arguments of {name!r} are not strict JSON ({problem})", name)
+        return error(
+            INVALID_JSON, f"the arguments of {name!r} are not strict JSON ({problem})", name
+        )
     if not isinstance(arguments, dict):
         return error(BAD_ARGUMENTS, f"the arguments of {name!r} must be one JSON object", name)
     return call_from_object({"name": name, "arguments": arguments}, message.raw, call_id)
