@@ -192,6 +192,7 @@ async def test_a_tool_episode_is_token_exact() -> None:
         # an earlier answer closes with <|end|>, a cut one with nothing: the text is the same
         ("<|channel|>final<|message|>Four.<|end|>", "", "Four.", []),
         ("<|channel|>final<|message|>Four.", "", "Four.", []),
+        ("<|channel|>final<|message|>Four.<|end|><|start|>assistant<|channel|>fin", "", "Four.", []),
         # a preamble on the commentary channel is answer text; no harmony tokens: all answer
         ("<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>"
          "final<|message|>Four.<|return|>", "", "Let me check.\n\nFour.", []),

@@ -132,7 +132,7 @@ class Renderer:
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids for parsing and display: special tokens dropped, except the ones
-        the format needs (`[TOOL_CALLS]`, `<|python_tag|>`, reasoning markers)."""
+        the format needs (`[TOOL_CALLS]`, `<|python_tag|>`, harmony's, reasoning markers)."""
         kept = [i for i in ids if i not in self._dropped_ids]
         return str(self.tokenizer.decode(kept, skip_special_tokens=False))
 

@@ -11,7 +11,8 @@ or, for an answer, `...<|channel|>final<|message|>It is 3.<|return|>`. Rules of 
 
 - the `analysis` channel is the turn's reasoning (several analysis messages are joined by a
   blank line); the `final` channel is the answer; a `commentary` message with no recipient (a
-  preamble) is answer text too, as is text in no message at all;
+  preamble) is answer text too, as is text in no message at all (a header the turn's token
+  limit cut off before its `<|message|>` is dropped);
 - a message with a recipient `to=functions.NAME` is a call, written before `<|channel|>` (as
   the template writes it) or after the channel name (as the model usually does); its body is
   the arguments, one strict JSON object; `json` or `<|constrain|>json` may follow the channel;
@@ -86,7 +87,10 @@ class HarmonyParser:
         for message in messages:
             if message.recipient:
                 result = _call(message, f"call_{len(turn.calls) + len(turn.errors)}")
-                (turn.calls if isinstance(result, ToolCall) else turn.errors).append(result)  # type: ignore[arg-type]
+                if isinstance(result, ToolCall):
+                    turn.calls.append(result)
+                else:
+                    turn.errors.append(result)
             elif message.channel == "analysis":
                 reasoning.append(message.body)
             else:
@@ -115,7 +119,7 @@ def split_messages(text: str) -> tuple[str, list[HarmonyMessage]]:
     while pos < len(text):
         mark = text.find(MESSAGE, pos)
         if mark < 0:
-            loose.append(text[pos:].replace(START, ""))
+            loose.append(text[pos:].split(START)[0])  # a header cut off is no answer text
             break
         header = text[pos:mark]
         body_at = mark + len(MESSAGE)
