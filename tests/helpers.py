@@ -29,6 +29,19 @@ LOGPROB = -0.5  # the logprob the scripted engine reports for every sampled toke
 # -- models ----------------------------------------------------------------------------------
 
 
+def family_tokenizer(name: str) -> Any:
+    """The tiny tokenizer dressed as model family `name`, with its typed-in chat template
+    (`tests/data/templates/families.py`, loaded by path: the folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).parent / "data" / "templates" / "families.py"
+    spec = importlib.util.spec_from_file_location("families", path)
+    assert spec is not None and spec.loader is not None
+    module: Any = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.family_tokenizer(name)
+
+
 def small_llama(seed: int = 0, **config: Any) -> LlamaForCausalLM:
     """A randomly initialised small Llama (2 layers, 4 heads, 2 KV heads, width 32) for tests.
 

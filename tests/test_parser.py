@@ -174,6 +174,6 @@ def test_unclosed_block_followed_by_good_block() -> None:
 def test_registry() -> None:
     assert isinstance(get_parser("hermes"), HermesParser)
     assert isinstance(get_parser("hermes"), ToolCallParser)
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "qwen3_coder"}
+    assert set(PARSERS) == {"harmony", "hermes", "llama3_json", "mistral", "qwen3_coder"}
     with pytest.raises(ValueError, match="unknown tool-call parser 'xml'.*hermes"):
         get_parser("xml")

@@ -160,6 +160,7 @@ def test_coder_malformed_calls_are_errors(text: str, kind: str) -> None:
 # --- detection ------------------------------------------------------------------------------
 
 TEMPLATES = {
+    "harmony": "{{ tools }}<|start|>assistant to=functions.x<|channel|>commentary<|message|><|call|>",
     "hermes": "{% for t in tools %}{{ t | tojson }}{% endfor %}<tool_call>",
     "qwen3_coder": "{{ tools }}<tool_call>\n<function=' + name + '>\n<parameter=",
     "mistral": "{{ tools }}[TOOL_CALLS] [",
@@ -179,7 +180,6 @@ def test_a_template_without_tools_is_hermes() -> None:
 @pytest.mark.parametrize(
     ("template", "words"),
     [
-        ("{{ tools }}<|start|>assistant<|channel|>commentary to=functions.x<|call|>", "harmony"),
         ("{{ tools }}<function_call>{{ call }}</function_call>", "does not recognise"),
         ("{{ tools }}[TOOL_CALLS] <tool_call>", "several"),
         ("{{ tools }}[TOOL_CALLS]{{ name }}[ARGS]{{ args }}", "v11"),

@@ -93,8 +93,9 @@ async def _play(
     renderer = Renderer(tok, env.tool_schemas)
     fmt = families.parser_name(renderer)
     policy = getattr(teachers, env_name)
+    stop = None if fmt == "harmony" else tok.eos_token  # harmony replies carry their own
     engine = RecordingEngine(
-        lambda r: families.in_format(policy(r.messages), fmt, think), tok, eos_token=tok.eos_token
+        lambda r: families.in_format(policy(r.messages), fmt, think), tok, eos_token=stop
     )
     task = env.get_tasks("eval", 1, seed=0)[0]
     return await rollout(env, engine, task, renderer=renderer), engine, renderer
@@ -119,6 +120,10 @@ SEGMENTS = [
     ("mistral-v0.3", "wordle", False, None, PER_TURN),
     ("mistral-v0.3", "calculator", False, None, 2),
     ("qwen3-coder", "calculator", False, None, 1),
+    # gpt-oss keeps a call's analysis until a final answer; a past answer is rewritten
+    # (<|return|> becomes <|end|>, its analysis is dropped): a break per user turn
+    ("gpt-oss", "calculator", True, None, 1),
+    ("gpt-oss", "wordle", True, None, PER_TURN),
 ]
 
 

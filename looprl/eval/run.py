@@ -188,8 +188,8 @@ class EvalConfig(BaseModel):
     )
     parser: ParserName = Field(
         "auto",
-        description="tool-call format the model writes: auto (from the chat template), hermes, "
-        "llama3_json, mistral or qwen3_coder (docs/models.md)",
+        description="tool-call format the model writes: auto (from the chat template), harmony, "
+        "hermes, llama3_json, mistral or qwen3_coder (docs/models.md)",
     )
     chat_template: str | None = Field(
         None, description="a Jinja chat template file replacing the tokenizer's, or looprl"

@@ -96,7 +96,8 @@ class ParsedTurn:
     errors: list[ParseError] = field(default_factory=list)
     """The blocks that could not be parsed."""
     reasoning: str = ""
-    """The turn's leading reasoning block (`<think>...</think>`), markers and edge newlines cut."""
+    """The turn's leading reasoning block (`<think>...</think>`), markers and edge newlines cut;
+    for harmony, its `analysis` channel."""
 
     def ordered(self) -> list[ToolCall | ParseError]:
         """Calls and errors together, in the order the model wrote them (by `call_N` id)."""

@@ -47,6 +47,14 @@ def reasoning_markers(template_text: str) -> ReasoningMarkers:
     return THINK
 
 
+def reasoning_field(template_text: str) -> str | None:
+    """The message field a chat template reads past reasoning from: `reasoning_content` (the
+    Hugging Face convention: Qwen3, DeepSeek-R1), `thinking` (gpt-oss), or None when neither."""
+    if "reasoning_content" in template_text:
+        return "reasoning_content"
+    return "thinking" if "message.thinking" in template_text else None
+
+
 def split_reasoning(text: str, markers: ReasoningMarkers = THINK) -> tuple[str, str]:
     """`(reasoning, rest)` of an assistant turn (see the module doc); `("", text)` when none."""
     stripped = text.lstrip()

@@ -11,7 +11,10 @@ environment's messages are appended by rendering only the new suffix:
    Mistral's template moves the system message onto whichever user message is last);
 3. the context grows by the *glue* the template puts after an assistant message that the model
    did not sample itself (for ChatML: the newline after `<|im_end|>`, or the whole closing when
-   the turn ended on a stop string) and by the suffix tokens. Both carry mask 0.
+   the turn ended on a stop string) and by the suffix tokens. Both carry mask 0. A format that
+   closes a call turn differently from an answer declares it (`call_closing`: harmony's
+   `<|call|>`, where an answer ends in `<|return|>`), and a turn the template writes as a call
+   is glued to that closing.
 
 Where a template rewrites history (some drop earlier `<think>` blocks), step 2 fails: the
 caller starts a new training segment whose prompt is the full re-rendering, and counts it.
@@ -19,9 +22,13 @@ caller starts a new training segment whose prompt is the full re-rendering, and 
 The renderer also reads the model's side of the format: `parse` splits a sampled turn into its
 leading reasoning block and its content and tool calls, with the parser the template declares
 (`looprl.rendering.formats`). Past reasoning goes back to the template as `reasoning_content`
-(the Hugging Face convention Qwen3's template reads) while `keep_reasoning` is on; off, every
-turn that reasoned starts a new segment whose prompt lacks it (the sampled ids are never
-edited, so dropping reasoning from the context costs a re-rendered prompt, as it does in Qwen3).
+(the Hugging Face convention Qwen3's template reads; `thinking` for gpt-oss's) while
+`keep_reasoning` is on; off, every turn that reasoned starts a new segment whose prompt lacks it
+(the sampled ids are never edited, so dropping reasoning from the context costs a re-rendered
+prompt, as it does in Qwen3). A parser that reads reasoning itself (`reads_reasoning`: harmony's
+analysis channel) splits the whole turn; and where its template answers a tool message only after
+a call (`written_calls`: harmony), a turn whose call was malformed is given to the template with
+that call as written, so the tool message telling the model what went wrong renders.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 
 from looprl.rendering.formats import resolve_parser
 from looprl.rendering.parser import ParsedTurn, ToolCallParser
-from looprl.rendering.reasoning import reasoning_markers, split_reasoning
+from looprl.rendering.reasoning import reasoning_field, reasoning_markers, split_reasoning
 from looprl.rendering.templates import template_text
 from looprl.types import Message
 
@@ -84,23 +91,27 @@ class Renderer:
         text = template_text(tokenizer)
         self.parser = resolve_parser(parser, text) if isinstance(parser, str) else parser
         self.reasoning = reasoning_markers(text)
-        self._reads_reasoning = "reasoning_content" in text
+        self._reasoning_field = reasoning_field(text)
         self._dropped_ids = self._ids_decode_drops()
         self.closing = self._assistant_closing()
+        self.call_closing: str = getattr(self.parser, "call_closing", self.closing)
 
     def render_text(
         self, messages: list[Message], *, add_generation_prompt: bool, tools: Tools | None = None
     ) -> str:
         """The chat template's text for `messages`, offering `tools` (default: the renderer's)."""
+        return self._render(self._template_messages(messages), add_generation_prompt, tools)
+
+    def _render(
+        self, dicts: list[dict[str, Any]], add_generation_prompt: bool, tools: Tools | None
+    ) -> str:
+        """The template's text for messages already in its own format (`_template_messages`)."""
         offered = self.tools if tools is None else tools
         kwargs: dict[str, Any] = {}
         if offered:
             kwargs["tools"] = offered
         text = self.tokenizer.apply_chat_template(
-            [self._template_message(m) for m in messages],
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **kwargs,
+            dicts, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
         return str(text)
 
@@ -121,12 +132,14 @@ class Renderer:
 
     def decode(self, ids: list[int]) -> str:
         """Text of sampled ids for parsing and display: special tokens dropped, except the ones
-        the format needs (`[TOOL_CALLS]`, `<|python_tag|>`, reasoning markers)."""
+        the format needs (`[TOOL_CALLS]`, `<|python_tag|>`, harmony's, reasoning markers)."""
         kept = [i for i in ids if i not in self._dropped_ids]
         return str(self.tokenizer.decode(kept, skip_special_tokens=False))
 
     def parse(self, text: str) -> ParsedTurn:
         """A sampled turn's reasoning, content, tool calls and malformed calls."""
+        if getattr(self.parser, "reads_reasoning", False):  # harmony's analysis channel
+            return self.parser.parse(text)
         reasoning, rest = split_reasoning(text, self.reasoning)
         parsed = self.parser.parse(rest)
         parsed.reasoning = reasoning
@@ -144,27 +157,47 @@ class Renderer:
         `before` ends with the assistant message whose tokens were `sampled_ids`; `after` is
         `before` plus the environment's new messages.
         """
-        prompt_ids = self.render_ids(before[:-1], add_generation_prompt=True, tools=tools)
-        prev_ids = self.render_ids(before, add_generation_prompt=False, tools=tools)
-        full_ids = self.render_ids(after, add_generation_prompt=True, tools=tools)
+        dicts = self._template_messages(after)  # the turn as the template writes it, answered
+        turn = len(before) - 1
+        prompt_ids = self.encode(self._render(dicts[:turn], True, tools))
+        prev_ids = self.encode(self._render(dicts[: turn + 1], False, tools))
+        full_ids = self.encode(self._render(dicts, True, tools))
         drop_reasoning = not self.keep_reasoning and bool(before and before[-1].reasoning_content)
         moved = prev_ids[: len(prompt_ids)] != prompt_ids  # the answer moved earlier content
         if drop_reasoning or moved or full_ids[: len(prev_ids)] != prev_ids:
             return Extension(ok=False, glue_ids=[], suffix_ids=[], full_ids=full_ids)
         sampled_text = str(self.tokenizer.decode(sampled_ids, skip_special_tokens=False))
-        glue_ids = self.encode(_missing_tail(sampled_text, self.closing))
+        closing = self.call_closing if dicts[turn].get("tool_calls") else self.closing
+        glue_ids = self.encode(_missing_tail(sampled_text, closing))
         return Extension(
             ok=True, glue_ids=glue_ids, suffix_ids=full_ids[len(prev_ids) :], full_ids=full_ids
         )
 
+    def _template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
+        """The messages as the template reads them; a malformed call answered by a tool message
+        is given as written where the parser says how (`written_calls`, module doc)."""
+        out = [self._template_message(m) for m in messages]
+        written = getattr(self.parser, "written_calls", None)
+        if written is None:
+            return out
+        for i, (message, following) in enumerate(zip(messages, messages[1:], strict=False)):
+            if message.role == "assistant" and not message.tool_calls and following.role == "tool":
+                calls = written(message.raw)
+                if calls:
+                    out[i]["tool_calls"] = calls
+        return out
+
     def _template_message(self, message: Message) -> dict[str, Any]:
-        """A message as the template reads it; past reasoning as `reasoning_content` when kept."""
+        """A message as the template reads it; past reasoning under the template's own field
+        (`reasoning_content`, `thinking`) when kept, else inline where it was sampled."""
         out = message.to_template()
         reasoning = message.reasoning_content
         if not (self.keep_reasoning and reasoning):
             return out
-        if self._reads_reasoning:
-            out["reasoning_content"] = reasoning
+        if self._reasoning_field == "thinking" and message.tool_calls:
+            out["content"] = ""  # gpt-oss takes a call turn's analysis in one field, not both
+        if self._reasoning_field:
+            out[self._reasoning_field] = reasoning
         else:  # a template that ignores reasoning_content gets it inline, where it was sampled
             mark = self.reasoning
             out["content"] = f"{mark.open}\n{reasoning}\n{mark.close}\n\n{message.content}"

@@ -64,7 +64,7 @@ class ModelSection(_Section):
     parser: ParserName = Field(
         "auto",
         description="tool-call format the model writes: auto (detected from the chat template), "
-        "hermes, llama3_json, mistral or qwen3_coder (docs/models.md)",
+        "harmony, hermes, llama3_json, mistral or qwen3_coder (docs/models.md)",
     )
     chat_template: str | None = Field(
         None,

@@ -6,10 +6,11 @@
 | `llama3_json` | `{"name": ..., "parameters": {...}}` alone, or after `<|python_tag|>` | Llama 3.1 / 3.2 / 3.3 |
 | `mistral`     | `[TOOL_CALLS] [{"name": ..., "arguments": {...}}]`                | Mistral v0.3, Mixtral, Nemo |
 | `qwen3_coder` | `<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>` | Qwen3-Coder |
+| `harmony`     | `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>` | gpt-oss |
 
 `detect_format` reads the chat template's text for each format's signature. A template that
-renders tools in none of them (gpt-oss harmony among them: its `<|call|>` format is not parsed
-here) or in more than one is an error naming `--model.parser`, never a silent zero calls.
+renders tools in none of them or in more than one is an error naming `--model.parser`, never a
+silent zero calls.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from looprl.rendering.formats.harmony import HarmonyParser
 from looprl.rendering.formats.llama3 import Llama3JsonParser
 from looprl.rendering.formats.mistral import MistralParser
 from looprl.rendering.formats.qwen3_coder import Qwen3CoderParser
 from looprl.rendering.parser import HermesParser, ToolCallParser
 
 PARSERS: dict[str, Callable[[], ToolCallParser]] = {
+    "harmony": HarmonyParser,
     "hermes": HermesParser,
     "llama3_json": Llama3JsonParser,
     "mistral": MistralParser,
@@ -30,10 +33,11 @@ PARSERS: dict[str, Callable[[], ToolCallParser]] = {
 }
 """Tool-call parsers by the name `--model.parser` (and `Environment(parser=...)`) takes."""
 
-ParserName = Literal["auto", "hermes", "llama3_json", "mistral", "qwen3_coder"]
+ParserName = Literal["auto", "harmony", "hermes", "llama3_json", "mistral", "qwen3_coder"]
 """`--model.parser` values: `auto` and the names of `PARSERS` (a test keeps them equal)."""
 
 SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "harmony": (("<|call|>", "<|channel|>"),),
     "qwen3_coder": (("<function=", "<parameter="),),
     "mistral": (("[TOOL_CALLS]",),),
     "llama3_json": (("<|python_tag|>",), ("<|start_header_id|>", '"parameters"')),
@@ -42,7 +46,6 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], ...]] = {
 """Texts whose presence (all of one tuple) in a chat template declares a format."""
 
 UNSUPPORTED: dict[str, str] = {
-    "<|call|>": "gpt-oss harmony (<|channel|>commentary to=functions.NAME ... <|call|>)",
     "[ARGS]": "Mistral v11+ ([TOOL_CALLS]NAME[ARGS]{...})",
 }
 """Signatures of formats a template may declare that no parser here reads."""

@@ -27,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 FAMILIES: dict[str, dict[str, Any]] = {
     k: v for k, v in json.loads((HERE / "families.json").read_text()).items() if k[0] != "_"
 }
-THOUGHT = "<think>\nI should check the task before I answer.\n</think>\n\n"
+REASONING = "I should check the task before I answer."
+THOUGHT = f"<think>\n{REASONING}\n</think>\n\n"
 
 
 def family_tokenizer(name: str, *, chat_template: str | None = None) -> Any:
@@ -74,11 +75,24 @@ def call_text(parser: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
     )
 
 
+def harmony_text(turn: Any, think: bool) -> str:
+    """A parsed reply as gpt-oss writes it: analysis, then its first call or its final answer,
+    each closed by the token that stops the turn."""
+    thought = f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant" if think else ""
+    if turn.calls:
+        call = turn.calls[0]
+        head = f"<|channel|>commentary to=functions.{call.name} <|constrain|>json<|message|>"
+        return f"{thought}{head}{json.dumps(call.arguments)}<|call|>"
+    return f"{thought}<|channel|>final<|message|>{turn.content}<|return|>"
+
+
 def in_format(text: str, parser: str, think: bool) -> str:
     """A teacher's Hermes-format reply rewritten in format `parser`, after a reasoning block."""
     from looprl.rendering.parser import HermesParser
 
     turn = HermesParser().parse(text)
+    if parser == "harmony":
+        return harmony_text(turn, think)
     reply = call_text(parser, [(c.name, c.arguments) for c in turn.calls]) if turn.calls else text
     return (THOUGHT if think else "") + reply
 
@@ -109,7 +123,8 @@ async def measure(
     def reply(request: Any) -> str:
         return in_format(policy(request.messages), fmt, think)
 
-    engine = ScriptedEngine(reply, tok, eos_token=tok.eos_token)
+    stop = None if fmt == "harmony" else tok.eos_token  # harmony replies carry their own
+    engine = ScriptedEngine(reply, tok, eos_token=stop)
     totals = {"turns": 0.0, "tokens": 0.0, "segments": 0.0, "re_rendered": 0.0, "errors": 0.0}
     for task in env.get_tasks("eval", tasks, seed=0):
         ep = await rollout(env, engine, task, renderer=renderer)
@@ -122,6 +137,7 @@ async def measure(
 
 
 CHOICES = [
+    ("gpt-oss", None, True),
     ("llama3.1", None, True),
     ("llama3.2", None, True),
     ("mistral-v0.3", None, True),
