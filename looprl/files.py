@@ -1,5 +1,5 @@
 """Files: atomic writes (a kill leaves the old or the new, never half), write faults named by
-path (`writing`), JSONL, importing a .py file."""
+path (`writing`), JSONL, importing a .py file or a folder."""
 
 from __future__ import annotations
 
@@ -201,17 +201,38 @@ def _last_line_start(f: Any, size: int, chunk: int = 1 << 16) -> int:
     return 0
 
 
+FOLDER_MAIN_FILES = ("__init__.py", "environment.py", "{name}.py", "{name}_env.py")
+"""The file a folder is imported as: the first of these it holds (`{name}`: the folder's name,
+`-` read as `_`). A package; a file named for its role; the verifiers layout (`my_env/my_env.py`);
+the `looprl init` layout (`my-env/my_env_env.py`)."""
+
+
+def folder_main_file(folder: Path) -> Path:
+    """The `FOLDER_MAIN_FILES` file `folder` holds; FileNotFoundError naming the choices."""
+    name = folder.resolve().name.replace("-", "_")
+    candidates = [pattern.format(name=name) for pattern in FOLDER_MAIN_FILES]
+    for candidate in candidates:
+        if (folder / candidate).is_file():
+            return folder / candidate
+    raise FileNotFoundError(
+        f"folder {folder} holds none of {', '.join(candidates)}; give the path of its .py file"
+    )
+
+
 def import_module_or_file(target: str) -> ModuleType:
-    """Import `target`: a `.py` file (as a module named after the file, not put in `sys.modules`)
-    or a module path (`my_pkg.my_env`; `-` read as `_`, as pip names packages).
+    """Import `target`: a `.py` file (as a module named after the file, not put in `sys.modules`),
+    a folder that exists (its `folder_main_file`, as a file) or a module path (`my_pkg.my_env`;
+    `-` read as `_`, as pip names packages).
 
     A file imports the files beside it while it runs, by name (`from helpers import score`) or
     relatively (`from .helpers import score`): see `_folder_package` and `_siblings_importable`.
 
-    Raises FileNotFoundError for a `.py` path that is not a file and ModuleNotFoundError for a
-    module that cannot be found (or that imports one that cannot): each caller says which flag or
-    argument to fix.
+    Raises FileNotFoundError for a `.py` path that is not a file or a folder without a main file
+    and ModuleNotFoundError for a module that cannot be found (or that imports one that cannot):
+    each caller says which flag or argument to fix.
     """
+    if target and Path(target).is_dir():
+        target = str(folder_main_file(Path(target)))
     if not target.endswith(".py"):
         return importlib.import_module(target.replace("-", "_"))
     path = Path(target)

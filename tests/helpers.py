@@ -272,3 +272,19 @@ def add(a: int, b: int) -> int:
 def tool_call(name: str, i: int, **arguments: Any) -> ToolCall:
     """A structured call of tool `name` with id `call_i`."""
     return ToolCall(name=name, arguments=arguments, id=f"call_{i}")
+
+
+# -- installed environment packages ----------------------------------------------------------
+
+
+def write_dist_info(site: Path, package: str, version: str, entry_points: dict[str, str]) -> Path:
+    """Make `package` look installed under `site` (what pip writes, less the record files): a
+    `PACKAGE-VERSION.dist-info` holding METADATA and `entry_points.txt`, whose group
+    `looprl.environments` maps each name of `entry_points` to its `module:object`.
+    `importlib.metadata` finds it once `site` is on `sys.path`."""
+    info = site / f"{package.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+    lines = [f"{name} = {target}" for name, target in entry_points.items()]
+    (info / "entry_points.txt").write_text("[looprl.environments]\n" + "\n".join(lines) + "\n")
+    return info

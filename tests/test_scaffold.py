@@ -9,8 +9,9 @@ import sys
 import tomllib
 
 import pytest
-from helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode, write_dist_info
 
+from looprl.cli.main import main
 from looprl.cli.scaffold import scaffold
 from looprl.envs.registry import ENTRY_POINT_GROUP, load_environment
 
@@ -62,6 +63,56 @@ def test_scaffolded_tests_pass(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 passed" in proc.stdout
+
+
+@pytest.fixture
+def forget_letters_env():
+    """`letters_env`, which a test imports by name, leaves `sys.modules` after it."""
+    yield
+    sys.modules.pop("letters_env", None)
+
+
+def _listed_as_installed(capsys) -> bool:
+    """`looprl env list` has a row `letters  0.1.0  entry point of package letters  ...`."""
+    assert main(["env", "list"]) == 0
+    rows = [line.split(maxsplit=2) for line in capsys.readouterr().out.splitlines()]
+    return any(
+        row[:2] == ["letters", "0.1.0"] and row[2].startswith("entry point of package letters ")
+        for row in rows
+        if len(row) == 3
+    )
+
+
+def test_the_scaffolded_entry_point_loads_by_name_once_installed(
+    tmp_path, monkeypatch, capsys, forget_letters_env
+):
+    """Installed as its pyproject says (the metadata pip would write), the package loads by name;
+    the folder itself loads by path too."""
+    root = scaffold("letters", tmp_path)
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    write_dist_info(
+        root, project["name"], project["version"], project["entry-points"][ENTRY_POINT_GROUP]
+    )
+    monkeypatch.syspath_prepend(str(root))
+    assert load_environment("letters").name == "letters"
+    assert _listed_as_installed(capsys)
+    assert load_environment(str(root)).tool_schemas[0]["function"]["name"] == "count_letter"
+
+
+@pytest.mark.slow
+def test_pip_installs_the_scaffold_and_it_loads_by_name(
+    tmp_path, monkeypatch, capsys, forget_letters_env
+):
+    """A real `pip install` (no network: no dependencies, no build isolation) into a folder."""
+    root = scaffold("letters", tmp_path)
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--target", str(site), str(root)]
+    subprocess.run(pip, check=True, capture_output=True, timeout=300)
+    monkeypatch.syspath_prepend(str(site))
+    env = load_environment("letters")
+    assert env.name == "letters" and sys.modules["letters_env"].__file__.startswith(str(site))
+    assert _listed_as_installed(capsys)
 
 
 @pytest.mark.parametrize("name", ["Bad", "1abc", "a b", "json", "calculator", "class"])

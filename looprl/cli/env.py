@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +38,44 @@ def describe(target: str) -> str:
     return doc.strip().splitlines()[0] if doc else "(no description)"
 
 
-def environment_lines() -> list[tuple[str, str]]:
-    """(name, one-line description) of every bundled environment, then installed ones."""
-    from looprl.envs.registry import BUILTIN, ENTRY_POINT_GROUP
+ENV_LIST_COLUMNS = ("name", "version", "source", "description")
+"""The columns of `looprl env list`, one row per `looprl.envs.registry.Registered`."""
 
-    rows = [(name, describe(module)) for name, module in sorted(BUILTIN.items())]
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        if ep.name not in BUILTIN:
-            rows.append((ep.name, f"{describe(ep.module)} (installed: {ep.value})"))
-    return rows
+
+def environment_lines() -> list[tuple[str, str, str, str]]:
+    """(name, version, source, one-line description) of every bundled and installed
+    environment, by name."""
+    from looprl.envs.registry import registered_environments
+
+    return [
+        (row.name, row.version, row.source, describe(row.target))
+        for row in registered_environments()
+    ]
+
+
+def clashes() -> list[str]:
+    """The one-line error of each name that two sources register (loading it is refused)."""
+    from looprl.envs.registry import clash, registered_environments
+
+    rows = registered_environments()
+    names = sorted({row.name for row in rows})
+    groups = [[row for row in rows if row.name == name] for name in names]
+    return [clash(group[0].name, group) for group in groups if len(group) > 1]
 
 
 def run_env_command(args: argparse.Namespace, dotted: list[str]) -> int:
-    """`looprl env list`: one line per environment."""
-    rows = environment_lines()
-    width = max(len(name) for name, _ in rows)
-    for name, text in rows:
-        print(f"{name:<{width}}  {text}")
-    print("\nalso: a module path (my_pkg.my_env) or a .py file exposing load_environment(**kwargs)")
+    """`looprl env list`: a table of the environments by name, then what else a name may be."""
+    rows = [ENV_LIST_COLUMNS, *environment_lines()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(ENV_LIST_COLUMNS) - 1)]
+    for row in rows:
+        padded = [f"{cell:<{width}}" for cell, width in zip(row[:-1], widths, strict=True)]
+        print("  ".join([*padded, row[-1]]))
+    for line in clashes():
+        print(f"refused: {line}")
+    print(
+        "\nalso: a .py file or a folder exposing load_environment(**kwargs), or a module path "
+        "(my_pkg.my_env)"
+    )
     return 0
 
 

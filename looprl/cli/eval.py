@@ -195,14 +195,15 @@ def _check_env_value(key: str, value: Any, param: inspect.Parameter | None) -> N
 
 
 def env_parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The declared keyword parameters of a built-in or importable environment's
+    """The declared keyword parameters of a bundled, installed or importable environment's
     `load_environment` (annotations resolved); empty when it cannot be inspected."""
-    from looprl.envs.registry import BUILTIN
+    from looprl.envs.registry import find_registered
 
     if name.endswith(".py"):
         return {}
     try:
-        module, _, function = BUILTIN.get(name, name).partition(":")
+        row = find_registered(name)
+        module, _, function = (row.target if row else name).partition(":")
         factory = getattr(importlib.import_module(module), function or "load_environment")
         sig = inspect.signature(factory, eval_str=True)
     except Exception:  # a module that fails to import: load_environment then names the problem

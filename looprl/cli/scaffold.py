@@ -155,6 +155,7 @@ Edit `$module.py`: the tasks (`make_tasks`), the tools, and the reward functions
 looprl eval $name/$module.py -n 20   # run it as a file, from this folder's parent
 pip install -e $name                  # or install it (registers the entry point) ...
 looprl eval $name -n 20               # ... and run it by name from anywhere
+looprl env list                       # it is listed with its version and package
 python -m pytest $name                # its tests
 ```
 

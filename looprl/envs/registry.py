@@ -1,4 +1,18 @@
-"""Load environments by name (`calculator`), module path, file path or installed package.
+"""Load environments by name (`calculator`), installed package, `.py` file, folder or module path.
+
+A name resolves in this order, the first that matches:
+
+1. `verifiers:MODULE`, `openenv:MODULE[:CLASS]`: a foreign environment (`looprl.envs.foreign`);
+2. a bundled environment: a row of `BUILTIN`;
+3. an installed package's entry point in the group `looprl.environments` (its pyproject:
+   `[project.entry-points."looprl.environments"]` with `NAME = "module:load_environment"`);
+4. a path: a `.py` file, or a folder that exists (imported as its main file,
+   `looprl.files.FOLDER_MAIN_FILES`), which imports the files beside it while it loads;
+5. a module path (`my_pkg.my_env`, or an installed package's module with `load_environment`).
+
+A name that two of 2 and 3 register (a package and a bundled environment, or two packages) is
+refused, naming the packages and the fix. `registered_environments` lists 2 and 3 with their
+packages and versions (`looprl env list` prints them).
 
 Two tables name what the registry can load, each row a `module` or `module:object` imported only
 when a configuration asks for it: `BUILTIN`, the bundled environments, and `OPTIONS`, arguments
@@ -12,7 +26,9 @@ import functools
 import importlib
 import traceback
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
 from typing import Any
 
 from looprl.envs.base import Environment
@@ -42,11 +58,65 @@ OPTIONS = {
 """Arguments every environment takes, by name: the `module:function` of their `EnvOption`."""
 
 
+@dataclass(frozen=True)
+class Registered:
+    """An environment known by name: bundled (a row of `BUILTIN`) or an installed package's
+    entry point in the group `ENTRY_POINT_GROUP`."""
+
+    name: str
+    """What `load_environment(name)` and `looprl eval NAME` take."""
+    target: str
+    """The `module` or `module:object` holding `load_environment` (or the factory itself)."""
+    package: str | None
+    """The installed distribution whose entry point registers it; None: bundled with looprl."""
+    version: str
+    """That distribution's version (looprl's for a bundled environment)."""
+
+    @property
+    def source(self) -> str:
+        """Where the name comes from: `bundled` or `entry point of package NAME`."""
+        return "bundled" if self.package is None else f"entry point of package {self.package}"
+
+
+def registered_environments() -> list[Registered]:
+    """The bundled environments and every entry point of the group, sorted by name; a name two
+    register appears twice here (`find_registered` refuses it)."""
+    try:
+        looprl_version = version("looprl")
+    except PackageNotFoundError:  # a source checkout run without installing
+        looprl_version = "unknown (not installed)"
+    rows = [Registered(name, target, None, looprl_version) for name, target in BUILTIN.items()]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        target = f"{ep.module}:{ep.attr}" if ep.attr else ep.module
+        dist = ep.dist
+        package, package_version = (dist.name, dist.version) if dist else ("?", "?")
+        rows.append(Registered(ep.name, target, package, package_version))
+    return sorted(rows, key=lambda row: (row.name, row.package or ""))
+
+
+def find_registered(name: str) -> Registered | None:
+    """The bundled or installed environment called `name`, None when there is none; ValueError
+    when two register the name."""
+    rows = [row for row in registered_environments() if row.name == name]
+    if len(rows) > 1:
+        raise ValueError(clash(name, rows))
+    return rows[0] if rows else None
+
+
+def clash(name: str, rows: list[Registered]) -> str:
+    """The one-line error for a name that several `rows` register, naming their packages."""
+    sources = " and ".join(f"{row.source} ({row.target})" for row in rows)
+    packages = [row.package for row in rows if row.package is not None]
+    return (
+        f"environment {name!r} is registered twice, by {sources}; rename the entry point in the "
+        f"pyproject.toml of {' or '.join(packages)} and reinstall it, or pip uninstall "
+        f"{packages[-1]}"
+    )
+
+
 def available_environments() -> list[str]:
-    """Names of built-in environments and those installed packages register."""
-    names = set(BUILTIN)
-    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-    return sorted(names)
+    """Names of bundled environments and those installed packages register."""
+    return sorted({row.name for row in registered_environments()})
 
 
 def _resolve(reference: str) -> Any:
@@ -56,18 +126,47 @@ def _resolve(reference: str) -> Any:
     return getattr(module, name) if name else module
 
 
+def _load_entry_point(row: Registered) -> Any:
+    """The object an installed package's entry point names; ValueError naming the package and
+    the fix when it does not import."""
+    module_name, _, attr = row.target.partition(":")
+    label = f"{row.name} (entry point {row.target} of package {row.package} {row.version})"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not _is_the_module(exc, module_name):
+            raise _import_failed(label, exc) from exc
+        raise ValueError(
+            f"environment {label} failed to import (no module {exc.name!r} is installed); "
+            f"reinstall the package (pip install --force-reinstall {row.package}, or pip "
+            f"install -e its folder) or pip uninstall {row.package}"
+        ) from exc
+    except Exception as exc:  # the package's module: a syntax error or an error while it runs
+        raise _import_failed(label, exc) from exc
+    found: Any = module
+    for part in filter(None, attr.split(".")):
+        if not hasattr(found, part):
+            raise ValueError(
+                f"environment {label}: module {module_name} has no {attr!r}; fix the entry "
+                f"point in the pyproject.toml of {row.package} and reinstall it"
+            )
+        found = getattr(found, part)
+    return found
+
+
 def _import_target(name: str) -> Any:
-    """The module (or factory) an environment name stands for; ValueError lists the choices."""
+    """The module (or factory) an environment name stands for, in the order of the module
+    docstring; ValueError lists the choices."""
     if is_foreign(name):  # verifiers:MODULE, openenv:MODULE[:CLASS] (looprl/envs/foreign)
         return functools.partial(load_foreign, name)
-    if name in BUILTIN:
-        return _resolve(BUILTIN[name])
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
+    row = find_registered(name)
+    if row is not None:
+        return _resolve(row.target) if row.package is None else _load_entry_point(row)
     try:
         return import_module_or_file(name)
     except FileNotFoundError as exc:
+        if name and Path(name).is_dir():  # a folder without a main file: the error names them
+            raise ValueError(str(exc)) from exc
         raise _unknown(name) from exc
     except ModuleNotFoundError as exc:
         if not name.endswith(".py") and _is_the_module(exc, name):
@@ -109,8 +208,9 @@ def _where(exc: BaseException) -> str:
 def _unknown(name: str) -> ValueError:
     """The error for a name that is no environment, listing what a name may be."""
     return ValueError(
-        f"unknown environment {name!r}; use one of {available_environments()}, a module path "
-        "(my_package.my_env), a .py file, or an installed package exposing load_environment(**kwargs)"
+        f"unknown environment {name!r}; use one of {available_environments()}, a .py file, a "
+        "folder holding one, a module path (my_package.my_env), or an installed package "
+        "exposing load_environment(**kwargs)"
     )
 
 
