@@ -16,7 +16,7 @@ from looprl.probe.tokens import token_problems
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import rollout
 from looprl.trainer.config import TrainConfig, load_config
-from looprl.types import EpisodeResult, Message, Task, ToolCall
+from looprl.types import EpisodeResult, Task, ToolCall
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM

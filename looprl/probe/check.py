@@ -87,8 +87,10 @@ class CheckContext:
     _runs: dict[str, Any] = field(default_factory=dict)
 
     def eval_tasks(self) -> list[Task]:
-        """The eval tasks the episode checks run on."""
-        return self.env.get_tasks("eval", self.tasks, seed=self.seed)
+        """The eval tasks the episode checks run on (drawn once, so every check sees the same)."""
+        if "tasks" not in self._runs:
+            self._runs["tasks"] = self.env.get_tasks("eval", self.tasks, seed=self.seed)
+        return list(self._runs["tasks"])
 
     def reference(self, task: Task) -> Any:
         """The reference policy for `task` (see the module docstring)."""
@@ -166,25 +168,37 @@ async def check_tool_schemas(ctx: CheckContext) -> Outcome:
     if len({str(s.get("function", {}).get("name")) for s in own}) < len(own):
         problems.append("two tools share a name: rename one")
     if problems:
-        return Outcome("FAIL", problems[0] + (f" (and {len(problems) - 1} more)" * (len(problems) > 1)))
-    return Outcome("ok", f"{len(names)} tools: {', '.join(names)}")
+        return Outcome(
+            "FAIL", problems[0] + (f" (and {len(problems) - 1} more)" * (len(problems) > 1))
+        )
+    return Outcome("ok", f"{len(names)} tool{'s' * (len(names) > 1)}: {', '.join(names)}")
+
+
+def _splits(env: Environment, n: int, seed: int) -> dict[str, list[Task]]:
+    """The tasks of each split the environment has (`get_tasks` refuses a split it lacks)."""
+    out = {}
+    for split in ("train", "eval"):
+        try:
+            out[split] = env.get_tasks(split, n, seed=seed)
+        except ValueError:  # "environment X has no train tasks"
+            continue
+    return out
 
 
 async def check_deterministic_tasks(ctx: CheckContext) -> Outcome:
     """`get_tasks` twice with the same seed gives the same tasks, per split."""
-    splits = [s for s, src in (("train", ctx.env.train_tasks), ("eval", ctx.env.eval_tasks)) if src is not None]
-    for split in splits:
-        first = ctx.env.get_tasks(split, ctx.tasks, seed=ctx.seed)
-        again = ctx.env.get_tasks(split, ctx.tasks, seed=ctx.seed)
-        differ = [i for i, (a, b) in enumerate(zip(first, again, strict=False)) if a != b]
-        if differ or len(first) != len(again):
-            i = differ[0] if differ else min(len(first), len(again))
+    first = _splits(ctx.env, ctx.tasks, ctx.seed)
+    again = _splits(ctx.env, ctx.tasks, ctx.seed)
+    for split, tasks in first.items():
+        differ = [i for i, (a, b) in enumerate(zip(tasks, again[split], strict=False)) if a != b]
+        if differ or len(tasks) != len(again[split]):
+            i = differ[0] if differ else min(len(tasks), len(again[split]))
             return Outcome(
                 "FAIL",
                 f"{split} task {i} differs between two calls with seed {ctx.seed}: draw tasks "
                 "from random.Random(seed), not the global random module or the clock",
             )
-    return Outcome("ok", f"{' and '.join(splits)} tasks equal on a second call with seed {ctx.seed}")
+    return Outcome("ok", f"{' and '.join(first)} tasks equal on a second call with seed {ctx.seed}")
 
 
 async def check_token_exact(ctx: CheckContext) -> Outcome:
@@ -197,7 +211,8 @@ async def check_token_exact(ctx: CheckContext) -> Outcome:
             return Outcome("FAIL", f"task {ep.task.id}: " + " ".join(problems[0].split())[:200])
     turns = sorted({ep.num_turns for ep in episodes})
     span = f"{turns[0]}" if len(turns) == 1 else f"{turns[0]}-{turns[-1]}"
-    return Outcome("ok", f"{len(episodes)} reference episodes of {span} turns, token-exact")
+    unit = "turn" if span == "1" else "turns"
+    return Outcome("ok", f"{len(episodes)} reference episodes of {span} {unit}, token-exact")
 
 
 def transcript(ep: EpisodeResult) -> tuple[Any, ...]:
@@ -258,7 +273,9 @@ async def check_probe(ctx: CheckContext) -> Outcome:
     errored = [r["name"] for r in rows if r["verdict"] == "errored"]
     accepted = [r["name"] for r in rows if "accepted" in r]
     if bad or errored:
-        parts = [f"exploitable: {', '.join(bad)}"] * bool(bad) + [f"errored: {', '.join(errored)}"] * bool(errored)
+        parts = [f"exploitable: {', '.join(bad)}"] * bool(bad) + [
+            f"errored: {', '.join(errored)}"
+        ] * bool(errored)
         return Outcome("FAIL", "; ".join(parts) + f" (see looprl probe {ctx.env_name})")
     also = f"; accepted by design: {', '.join(accepted)}" if accepted else ""
     return Outcome("ok", f"{len(rows)} exploits resisted{also}")
@@ -293,7 +310,7 @@ def train_two_steps(env_name: str, env_kwargs: dict[str, Any], seed: int) -> lis
         })  # fmt: skip
         trainer = Trainer(cfg)
         trainer.run()
-        return list(iter_jsonl(trainer.run_dir / "metrics.jsonl"))
+        return [row for _, row in iter_jsonl(trainer.run_dir / "metrics.jsonl")]
 
 
 Check = Callable[[CheckContext], Awaitable[Outcome]]
@@ -316,7 +333,9 @@ async def run_checks(ctx: CheckContext) -> dict[str, Outcome]:
     for name, check in CHECKS.items():
         try:
             out[name] = await check(ctx)
-        except Exception as exc:  # the environment's own code raised: the check fails, the report goes on
+        except (
+            Exception
+        ) as exc:  # the environment's own code raised: the check fails, the report goes on
             out[name] = Outcome("FAIL", f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
     return out
 
@@ -374,7 +393,9 @@ def run_check_command(args: argparse.Namespace, extra: list[str]) -> int:
     ctx = context_for(env, args.env, env_kwargs, probe_tokenizer(), tasks=args.tasks,
                       seed=args.seed, train=not args.no_train)  # fmt: skip
     reference = "its teacher" if ctx.teacher is not None else "its probe profile's reference"
-    console.print(f"[bold]looprl env check[/bold] {env.name} · {args.tasks} tasks · reference: {reference}")
+    console.print(
+        f"[bold]looprl env check[/bold] {env.name} · {args.tasks} tasks · reference: {reference}"
+    )
     start = time.perf_counter()
     try:
         outcomes = asyncio.run(run_checks(ctx))
