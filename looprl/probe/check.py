@@ -82,8 +82,9 @@ class CheckContext:
     seed: int = 0
     train: bool = True
     """Run the 2-step train smoke (about 10-20 s on CPU)."""
-    teacher: TaskTeacher | None = None
-    """The scripted teacher, when the environment has one."""
+    policy: Any = None
+    """The reference policy given (`--reference`) or the environment's teacher, else None: the
+    probe profile's reference plays."""
     _runs: dict[str, Any] = field(default_factory=dict)
 
     def eval_tasks(self) -> list[Task]:
@@ -94,8 +95,7 @@ class CheckContext:
 
     def reference(self, task: Task) -> Any:
         """The reference policy for `task` (see the module docstring)."""
-        given = TeacherReference(self.teacher) if self.teacher is not None else None
-        return reference_for(profile_for(self.env.for_task(task)), given)
+        return reference_for(profile_for(self.env.for_task(task)), self.policy)
 
     async def episodes(self, copies: int) -> list[list[EpisodeResult]]:
         """`copies` concurrent reference episodes of each eval task, scored (made once per count)."""
@@ -121,10 +121,9 @@ class CheckContext:
     async def probe(self) -> ProbeResult:
         """The probe of the environment with the same reference policy (run once)."""
         if "probe" not in self._runs:
-            given = TeacherReference(self.teacher) if self.teacher is not None else None
             self._runs["probe"] = await run_probe(
                 self.env, env_name=self.env_name, env_kwargs=self.env_kwargs, tasks=self.tasks,
-                seed=self.seed, tokenizer=self.tokenizer, reference=given,
+                seed=self.seed, tokenizer=self.tokenizer, reference=self.policy,
             )  # fmt: skip
         result: ProbeResult = self._runs["probe"]
         return result
@@ -341,14 +340,21 @@ async def run_checks(ctx: CheckContext) -> dict[str, Outcome]:
 
 
 def context_for(
-    env: Environment, env_name: str, env_kwargs: dict[str, Any], tokenizer: Any, **options: Any
+    env: Environment,
+    env_name: str,
+    env_kwargs: dict[str, Any],
+    tokenizer: Any,
+    reference: Any = None,
+    **options: Any,
 ) -> CheckContext:
-    """A `CheckContext` with the environment's teacher when it has one."""
-    try:
-        teacher = make_teacher(env_name, env, env_kwargs)
-    except ValueError:  # no teacher for this environment: the probe profile's reference plays
-        teacher = None
-    return CheckContext(env, env_name, env_kwargs, tokenizer, teacher=teacher, **options)
+    """A `CheckContext` whose reference policy is `reference` when given, else the environment's
+    teacher when it has one, else None (its probe profile's reference)."""
+    if reference is None:
+        try:
+            reference = TeacherReference(make_teacher(env_name, env, env_kwargs))
+        except ValueError:  # no teacher for this environment
+            reference = None
+    return CheckContext(env, env_name, env_kwargs, tokenizer, policy=reference, **options)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -377,6 +383,13 @@ def register(actions: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-train", action="store_true", help="skip the 2-step train smoke (~10-20 s)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any check fails")
+    p.add_argument(
+        "--reference",
+        default=None,
+        metavar="MODULE:FN",
+        help="the reference policy, a function turn -> str (as for looprl probe), instead of the "
+        "environment's teacher or probe profile",
+    )
     p.set_defaults(func=run_check_command, dotted=True)
 
 
@@ -384,15 +397,23 @@ def run_check_command(args: argparse.Namespace, extra: list[str]) -> int:
     """`looprl env check ENV`: run every check, print the report; 1 on a failure under --strict."""
     from looprl.cli.eval import load_env, parse_overrides
     from looprl.cli.fields import UsageError
+    from looprl.probe.command import reference_policy
     from looprl.probe.run import probe_tokenizer
 
     if args.tasks < 1:
         raise UsageError(f"--tasks {args.tasks}", "give at least 1 task")
     env_kwargs = parse_overrides(extra, "env")["env"]
     env = load_env(args.env, env_kwargs)
-    ctx = context_for(env, args.env, env_kwargs, probe_tokenizer(), tasks=args.tasks,
+    given = reference_policy(args.reference)
+    ctx = context_for(env, args.env, env_kwargs, probe_tokenizer(), given, tasks=args.tasks,
                       seed=args.seed, train=not args.no_train)  # fmt: skip
-    reference = "its teacher" if ctx.teacher is not None else "its probe profile's reference"
+    reference = (
+        "--reference"
+        if given is not None
+        else "its teacher"
+        if ctx.policy
+        else "its probe profile's"
+    )
     console.print(
         f"[bold]looprl env check[/bold] {env.name} · {args.tasks} tasks · reference: {reference}"
     )
