@@ -15,10 +15,10 @@ from typing import Annotated, Any
 
 import pytest
 
-from looprl import EpisodeResult, Hidden, Limits, Message, Rubric, Task, ToolEnv
+from looprl import EpisodeResult, Hidden, Limits, Message, Rubric, SingleTurnEnv, Task, ToolEnv
 from looprl.cli.main import main
 from looprl.probe import ProbeProfile, Turn, tool_call_text
-from looprl.probe.check import schema_problems
+from looprl.probe.check import CheckContext, Outcome, check_tool_schemas, schema_problems
 
 HERE = str(Path(__file__))
 _ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
@@ -169,6 +169,23 @@ def test_a_bundled_environment_passes_strict(capsys):
 )
 def test_schema_problems_name_what_is_wrong(schema, problem):
     assert problem in " ".join(schema_problems(schema))
+
+
+class TwoToolsOneName(SingleTurnEnv):
+    """Offers two schemas with one name (a ToolEnv refuses that; a hand-written env may not)."""
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The same `put` schema twice."""
+        schema = {"type": "function", "function": {"name": "put", "description": "Put.",
+                  "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+        return [schema, schema]
+
+
+async def test_two_tools_with_one_name_fail():
+    env = TwoToolsOneName(name="twice", rubric=Rubric([correct]), eval_tasks=make_tasks)
+    outcome = await check_tool_schemas(CheckContext(env, "twice", {}, tokenizer=None))
+    assert outcome == Outcome("FAIL", "two tools are named 'put': rename one")
 
 
 def test_bad_tasks_count_is_one_line(capsys):

@@ -85,13 +85,15 @@ class CheckContext:
     policy: Any = None
     """The reference policy given (`--reference`) or the environment's teacher, else None: the
     probe profile's reference plays."""
-    _runs: dict[str, Any] = field(default_factory=dict)
+    _tasks: list[Task] | None = field(default=None, init=False)
+    _episodes: dict[int, list[list[EpisodeResult]]] = field(default_factory=dict, init=False)
+    _probe: ProbeResult | None = field(default=None, init=False)
 
     def eval_tasks(self) -> list[Task]:
         """The eval tasks the episode checks run on (drawn once, so every check sees the same)."""
-        if "tasks" not in self._runs:
-            self._runs["tasks"] = self.env.get_tasks("eval", self.tasks, seed=self.seed)
-        return list(self._runs["tasks"])
+        if self._tasks is None:
+            self._tasks = self.env.get_tasks("eval", self.tasks, seed=self.seed)
+        return list(self._tasks)
 
     def reference(self, task: Task) -> Any:
         """The reference policy for `task` (see the module docstring)."""
@@ -99,16 +101,16 @@ class CheckContext:
 
     async def episodes(self, copies: int) -> list[list[EpisodeResult]]:
         """`copies` concurrent reference episodes of each eval task, scored (made once per count)."""
-        key = f"episodes{copies}"
-        if key not in self._runs:
-            self._runs[key] = await self._play(copies)
-        return list(self._runs[key])
+        if copies not in self._episodes:
+            self._episodes[copies] = await self._play(copies)
+        return list(self._episodes[copies])
 
     async def _play(self, copies: int) -> list[list[EpisodeResult]]:
         tasks = self.eval_tasks()
+        members = [self.env.for_task(t) for t in tasks]  # a mixture's own environment
         plan = {
-            t.id: Episode(self.reference(t), t, profile_for(self.env.for_task(t)), self.env)
-            for t in tasks
+            t.id: Episode(self.reference(t), t, profile_for(m), m)
+            for t, m in zip(tasks, members, strict=True)
         }
         engine = scripted_engine(plan, self.tokenizer)
         sampling = SamplingParams(max_tokens=self.env.limits.max_tokens_per_turn, temperature=0.0)
@@ -120,13 +122,12 @@ class CheckContext:
 
     async def probe(self) -> ProbeResult:
         """The probe of the environment with the same reference policy (run once)."""
-        if "probe" not in self._runs:
-            self._runs["probe"] = await run_probe(
+        if self._probe is None:
+            self._probe = await run_probe(
                 self.env, env_name=self.env_name, env_kwargs=self.env_kwargs, tasks=self.tasks,
                 seed=self.seed, tokenizer=self.tokenizer, reference=self.policy,
             )  # fmt: skip
-        result: ProbeResult = self._runs["probe"]
-        return result
+        return self._probe
 
 
 # -- the checks --------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ class CheckContext:
 def schema_problems(schema: Any) -> list[str]:
     """What is wrong with one OpenAI function schema, one line each (none: it is valid)."""
     function = schema.get("function") if isinstance(schema, dict) else None
-    if schema.get("type") != "function" or not isinstance(function, dict):
+    if not isinstance(function, dict) or schema.get("type") != "function":
         return [f"{str(schema)[:60]} is not {{'type': 'function', 'function': {{...}}}}"]
     name = function.get("name")
     if not isinstance(name, str) or not _TOOL_NAME.match(name):
@@ -155,21 +156,28 @@ def schema_problems(schema: Any) -> list[str]:
     return problems
 
 
+def _tool_name(schema: Any) -> str:
+    """A schema's function name, or '?' when it has none."""
+    function = schema.get("function") if isinstance(schema, dict) else None
+    return str(function.get("name")) if isinstance(function, dict) else "?"
+
+
 async def check_tool_schemas(ctx: CheckContext) -> Outcome:
-    """Every tool schema valid and every tool name unique."""
-    schemas = [s for t in ctx.eval_tasks() for s in ctx.env.for_task(t).tool_schemas]
-    unique = {str(s.get("function", {}).get("name")): s for s in schemas if isinstance(s, dict)}
+    """Every tool schema valid, and no two tools of an environment with one name."""
+    members = {id(m): m for m in map(ctx.env.for_task, ctx.eval_tasks())}.values()
+    schemas = [s for m in members for s in m.tool_schemas]
     if not schemas:
         return Outcome("skipped", "the environment offers no tools")
-    names = [n for n in unique]
-    problems = [p for s in unique.values() for p in schema_problems(s)]
-    own = ctx.env.tool_schemas
-    if len({str(s.get("function", {}).get("name")) for s in own}) < len(own):
-        problems.append("two tools share a name: rename one")
+    problems = [p for s in schemas for p in schema_problems(s)]
+    for member in members:
+        names = [_tool_name(s) for s in member.tool_schemas]
+        problems += [
+            f"two tools are named {n!r}: rename one" for n in set(names) if names.count(n) > 1
+        ]
     if problems:
-        return Outcome(
-            "FAIL", problems[0] + (f" (and {len(problems) - 1} more)" * (len(problems) > 1))
-        )
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Outcome("FAIL", problems[0] + more)
+    names = list(dict.fromkeys(map(_tool_name, schemas)))
     return Outcome("ok", f"{len(names)} tool{'s' * (len(names) > 1)}: {', '.join(names)}")
 
 
