@@ -62,7 +62,7 @@ def test_scaffolded_tests_pass(tmp_path):
         cwd=root, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 passed" in proc.stdout
+    assert "4 passed" in proc.stdout
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""`looprl env list` and `looprl init`: the environments there are, and a new one scaffolded."""
+"""`looprl env list`, `looprl env check` and `looprl init`: the environments there are, whether one
+is sound (`looprl.probe.check`), and a new one scaffolded."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from looprl.console import console
+from looprl.probe import check
 
 
 def register(sub: Any) -> None:
@@ -16,6 +18,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("env", help="list the environments looprl can load by name")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="bundled and installed environments, one line each")
+    check.register(actions)  # `looprl env check ENV` (looprl/probe/check.py)
     p.set_defaults(func=run_env_command, dotted=False)
     _init_parser(sub)
 

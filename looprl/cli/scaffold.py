@@ -111,14 +111,16 @@ def load_environment(**kwargs: Any) -> ToolEnv:
     )
 ''')
 
-_TEST = Template('''"""Tests for $name: splits, the tool, the reward and one scripted episode."""
+_TEST = Template('''"""Tests for $name: splits, the tool, the reward, one scripted episode and `looprl env check`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import $module
+from looprl.cli.main import main
 from looprl.engines.scripted import ScriptedEngine
 from looprl.rollout.loop import rollout
 
@@ -144,6 +146,24 @@ def test_scripted_episode_earns_the_reward():
     asyncio.run(env.rubric.score(episode))
     assert episode.messages[-2].content == task.answer  # the tool's result
     assert episode.reward == 1.0 and episode.rewards["used_tool"] == 1.0
+
+
+def reference(turn) -> str:
+    """`looprl env check`'s reference policy: count_letter on the task's word, then the count."""
+    if not turn.tool_results:
+        _, letter, _, word, _ = turn.task.prompt[-1].content.split("'")
+        call = {"name": "count_letter", "arguments": {"word": word, "letter": letter}}
+        return f"<tool_call>\\n{json.dumps(call)}\\n</tool_call>"
+    return f"The answer is {turn.tool_results[-1].strip()}."
+
+
+def test_env_check_passes_strict():
+    """Token-exact episodes, isolated state, seeded tasks, valid tool schemas, a rubric that tells
+    the reference from a wrong answer, the probe; drop --no-train to add a 2-step train smoke."""
+    here = Path(__file__).resolve()
+    env_file = here.parents[1] / "$module.py"
+    argv = ["env", "check", str(env_file), "--reference", f"{here}:reference", "--no-train"]
+    assert main([*argv, "--strict"]) == 0
 ''')
 
 _README = Template("""# $name

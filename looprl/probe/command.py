@@ -65,7 +65,7 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     out = Path(args.out) if args.out else _default_out(args.env)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} is not empty", "choose a new or empty directory")
-    reference = _reference(args.reference)
+    reference = reference_policy(args.reference)
     env = load_env(args.env, env_kwargs)
     console.print(f"[bold]looprl probe[/bold] {env.name} · {args.tasks} tasks per policy → {out}")
     start = time.perf_counter()
@@ -90,7 +90,7 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _reference(spec: str | None) -> Any:
+def reference_policy(spec: str | None) -> Any:
     """`--reference MODULE:FN` imported and checked, or None; a bad one is a UsageError."""
     from looprl.cli.fields import usage_error
     from looprl.eval.run import load_policy

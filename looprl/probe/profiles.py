@@ -90,6 +90,9 @@ PROFILES: dict[str, ProbeProfile] = {
         reference=CalculatorReference(),
         accepted={"thousands_separator": _SEPARATORS},
     ),
+    "calculator_text": ProbeProfile(
+        "The answer is {}.", accepted={"thousands_separator": "calculator's reward: " + _SEPARATORS}
+    ),
     "search_qa": ProbeProfile(
         "<answer>{}</answer>",
         reference=SearchReference(),
