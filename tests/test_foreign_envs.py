@@ -13,14 +13,11 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode, train_two_steps
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
 from looprl.rollout.loop import episode_seed, run_group
-from looprl.trainer.config import load_config
-from looprl.trainer.trainer import Trainer
 
 pytest.importorskip("verifiers", reason="make setup-test installs the verifiers extra")
 pytest.importorskip("openenv", reason="make setup-test installs the openenv extra")
@@ -169,28 +166,6 @@ def test_openenv_refuses_an_action_it_cannot_fill_from_text():
         pick_action_field(Move, "x")
 
 
-def _train_two_steps(tmp_path: Path, env_name: str, env_kwargs: dict) -> list[dict]:
-    cfg = load_config(
-        None,
-        {
-            "model.name": "tiny", "env.name": env_name, "env.kwargs": env_kwargs,
-            "rollout.tasks_per_step": 2, "rollout.rollouts_per_task": 2, "trainer.steps": 2,
-            "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": 2,
-            "optim.lr": 1e-3, "run.output_dir": str(tmp_path), "run.name": "foreign",
-            "run.tensorboard": False,
-        },
-    )  # fmt: skip
-    trainer = Trainer(cfg)
-    trainer._setup()
-    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    trainer.resume = True  # _setup already ran; drive the loop directly
-    asyncio.run(trainer._loop())
-    trainer.logger.close()
-    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
-    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("env_name", "env_kwargs"),
@@ -198,7 +173,7 @@ def _train_two_steps(tmp_path: Path, env_name: str, env_kwargs: dict) -> list[di
     ids=["verifiers", "openenv"],
 )
 def test_two_training_steps_on_a_foreign_environment(tmp_path, env_name, env_kwargs):
-    rows = _train_two_steps(tmp_path, env_name, env_kwargs)
+    rows = train_two_steps(tmp_path, env_name, env_kwargs)
     assert len(rows) == 2 and all(math.isfinite(r["loss/total"]) for r in rows)
     assert any(r.get("train/adv_abs_mean", 0.0) > 0 for r in rows)
     assert any(r["reward/mean"] > 0 for r in rows)
