@@ -86,6 +86,15 @@ def test_verifiers_group_reward_sees_the_whole_group(tiny_tokenizer):
     assert [ep.reward for ep in episodes] == [1.0, 1.5]  # guessed (1.0) + 0.5 x rank
 
 
+def test_verifiers_text_prompt_column_is_one_user_turn(tiny_tokenizer):
+    env = load_environment(VF, kind="text_prompt")
+    task = env.get_tasks("train", n=2)[1]
+    assert [(m.role, m.content) for m in task.prompt] == [("user", "What is 1 + 1?")]
+    episode = asyncio.run(run_episode(env, task, ["Two."], tiny_tokenizer))
+    assert episode.rewards == {"reply_length": 0.04, "num_turns": 1.0}
+    check_token_invariants(episode, env, tiny_tokenizer)
+
+
 def test_verifiers_raising_reward_is_a_scoring_error_not_a_zero(tiny_tokenizer):
     env = load_environment(VF, kind="raising")
     task = env.get_tasks("train", n=1)[0]

@@ -34,9 +34,9 @@ from pydantic import TypeAdapter
 from verifiers.v1.graph import MessageNode
 from verifiers.v1.session import hook_boundary
 from verifiers.v1.trace import AgentInfo, TraceTask
+from verifiers.v1.utils import loaders
 from verifiers.v1.utils.decorators import invoke
 from verifiers.v1.utils.generic import concrete_type
-from verifiers.v1.utils.loaders import taskset_class
 
 REFUSED = {
     "container": "a Task with NEEDS_CONTAINER: looprl runs no verifiers Runtime (container)",
@@ -48,6 +48,7 @@ REFUSED = {
     "remote": "a Toolset with config.url: remote tool servers are not reached",
     "no_prompt": "a task without a prompt: the user-opens (Interaction) channel is not mapped",
     "infinite": "an INFINITE taskset without a limit: pass limit=N (--env.limit N)",
+    "harness": "a taskset's own Harness or Env: looprl's rollout is the harness",
 }
 """What the adapter refuses, by key, with the reason; the error names the task class."""
 
@@ -59,10 +60,25 @@ class Refused(ValueError):
 
 
 def import_taskset(target: str) -> type[vf.Taskset]:
-    """The Taskset class of an installed taskset id or of a `.py` file (its `__all__` export,
-    as verifiers' own loader reads it); the file's folder goes on sys.path for its imports."""
-    if not target.endswith(".py"):
-        return taskset_class(target)
+    """The Taskset class of an installed taskset id or of a `.py` file (its one `__all__`
+    export, as verifiers' own loader reads it); the file's folder goes on sys.path for its own
+    imports. A module that also exports a Harness or an Env is refused."""
+    module = import_file(target) if target.endswith(".py") else loaders.import_taskset(target)
+    names = getattr(module, "__all__", None) or list(vars(module))
+    exported = [getattr(module, n, None) for n in names]
+    classes = [c for c in exported if inspect.isclass(c)]
+    own = [c for c in classes if issubclass(c, (vf.Harness, vf.Env))]
+    if own:
+        raise Refused(f"{target} exports {own[0].__name__}, {REFUSED['harness']}")
+    found = [c for c in classes if issubclass(c, vf.Taskset) and c is not vf.Taskset]
+    if len(found) != 1:
+        names = [c.__name__ for c in found]
+        raise ValueError(f"{target} must export exactly one Taskset subclass, found {names}")
+    return found[0]
+
+
+def import_file(target: str) -> Any:
+    """Import a `.py` file as a module named after it, its folder first on sys.path."""
     path = Path(target).resolve()
     if not path.is_file():
         raise ValueError(f"taskset file {target!r} does not exist")
@@ -72,18 +88,7 @@ def import_taskset(target: str) -> type[vf.Taskset]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
     spec.loader.exec_module(module)
-    names = getattr(module, "__all__", None) or list(vars(module))
-    found = [
-        v
-        for n in names
-        if inspect.isclass(v := getattr(module, n, None))
-        and issubclass(v, vf.Taskset)
-        and v is not vf.Taskset
-        and v.__module__ == module.__name__
-    ]
-    if len(found) != 1:
-        raise ValueError(f"{target} must define exactly one Taskset subclass, found {found}")
-    return found[0]
+    return module
 
 
 def check_task(task: vf.Task) -> None:
