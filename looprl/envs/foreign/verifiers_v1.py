@@ -4,7 +4,7 @@
 file exporting one `Taskset` subclass; keyword arguments fill its `TasksetConfig` (`limit`
 takes the first N tasks). verifiers 0.4 pins openai<3 and mcp==2.0.0 and replaces the 0.1
 package of the same name, so it runs in a venv of its own (`make verifiers-v1`, or the python
-in `$LOOPRL_VERIFIERS_V1_PYTHON`) behind a process boundary: `verifiers_v1_worker.py` loads
+in `$LOOPRL_VERIFIERS_V1_PYTHON`) behind a process boundary: `_verifiers_v1_worker.py` loads
 the taskset there and answers this adapter over a pipe. looprl samples every token (its
 renderer, masks and logprobs); the taskset supplies the rest:
 
@@ -19,7 +19,7 @@ renderer, masks and logprobs); the taskset supplies the rest:
 - rubric: each `@vf.reward` with its weight, each `@vf.metric` at weight 0, computed once per
   episode by `Task.score` over a `Trace` of the conversation.
 
-What does not map is refused at load with one line (`verifiers_v1_worker.REFUSED`).
+What does not map is refused at load with one line (`_verifiers_v1_worker.REFUSED`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from looprl.tools.executor import ToolError, ToolExecutor, count_tool_errors
 from looprl.tools.schema import Tool
 from looprl.types import EpisodeResult, Message, Task
 
-WORKER = Path(__file__).with_name("verifiers_v1_worker.py")
+WORKER = Path(__file__).with_name("_verifiers_v1_worker.py")
 EPISODE_KEY = "vf1_episode"
 """Episode-state key of the worker's episode id (its task toolsets)."""
 _HIDDEN = "looprl_vf1_episode"
