@@ -10,8 +10,8 @@ stdin/stdout: one JSON request per line, one JSON reply per line (`{"ok": ...}` 
   config, list its tasks (prompt messages), its toolsets' tools, its rewards and metrics; refuse
   what does not map (`REFUSED`);
 - `open {task}` -> episode id: build and set up the task's own toolsets (`Task.toolsets`) for one
-  episode; `call {episode, name, arguments}` runs one tool over MCP (an in-process `MCPServer`
-  per toolset, the schema and argument checks of verifiers' own servers); `close {episode}`;
+  episode; `call {episode, name, arguments}` runs one tool through MCP (an in-process `MCPServer`
+  per toolset, no transport; the schema and argument checks of verifiers' own servers); `close {episode}`;
 - `stop {task, messages}`: whether a `@vf.stop` on the `Trace` ends the episode;
 - `score {task, messages}`: the task's `@vf.reward`s and `@vf.metric`s over a `Trace` of the
   messages (`Task.score`, no runtime).
@@ -274,6 +274,14 @@ class Worker:
         return {"rewards": rewards, "metrics": dict(trace.metrics)}
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line, with the error it was raised from (verifiers' loader hides the
+    import error of a taskset that is installed but does not import)."""
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    cause = exc.__cause__
+    return text if cause is None else f"{text} (from {one_line(cause)})"
+
+
 OPS = ("load", "open", "call", "close", "stop", "score")
 """The requests a worker answers (methods of `Worker`)."""
 
@@ -290,7 +298,7 @@ async def serve(reader: Any, out: Any) -> None:
                 raise ValueError(f"unknown request {op!r}; one of {OPS}")
             reply = {"ok": await getattr(worker, op)(**request)}
         except Exception as exc:  # every failure goes back as one line; the adapter raises it
-            reply = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+            reply = {"error": one_line(exc)}
         out.write(json.dumps(reply, default=str) + "\n")
         out.flush()
 

@@ -11,9 +11,10 @@ renderer, masks and logprobs); the taskset supplies the rest:
 - tasks: each task of `load()`, its `system_prompt` then its `prompt` as the opening messages;
   train and eval both read the taskset (a v1 taskset has one stream, as `vf-eval` reads it);
 - tools: every `@vf.tool` of the taskset's `toolsets` (one shared instance, set up once) and of
-  the task's `toolsets` (set up per episode, `setup_task` with the task's data), served over MCP
-  in the worker and named `<TOOL_PREFIX>_<tool>` as verifiers' harnesses name them; looprl's
-  executor checks arguments against their MCP input schemas, times and caps the calls;
+  the task's `toolsets` (set up per episode, `setup_task` with the task's data), each called
+  through the MCP SDK's `MCPServer` it registers with (in the worker process, no transport) and
+  named `<TOOL_PREFIX>_<tool>` as verifiers' harnesses name them; looprl's executor checks
+  arguments against their MCP input schemas, times and caps the calls;
 - turns: a turn without tool calls ends the episode, as in verifiers' tool loop; after each
   turn the task's `@vf.stop` methods on the `Trace` run and may end it;
 - rubric: each `@vf.reward` with its weight, each `@vf.metric` at weight 0, computed once per
