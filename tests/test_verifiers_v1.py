@@ -23,7 +23,8 @@ except ValueError as exc:
 
 pytestmark = pytest.mark.slow  # each environment starts a worker that imports verifiers (~6 s)
 
-V1 = f"verifiers-v1:{Path(__file__).parent / 'foreign' / 'vf1_envs.py'}"
+HERE = Path(__file__).parent / "foreign"
+V1 = f"verifiers-v1:{HERE / 'vf1_envs.py'}"
 CALL = '<tool_call>{{"name": "calc_add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
 
 
@@ -66,6 +67,11 @@ def test_v1_bad_argument_is_a_tool_error_and_a_stop_ends_the_episode(env, tiny_t
 def test_v1_parts_that_do_not_map_are_refused_in_one_line(kind, named):
     with pytest.raises(ValueError, match=named):
         load_environment(V1, kind=kind)
+
+
+def test_v1_taskset_with_a_harness_of_its_own_is_refused():
+    with pytest.raises(ValueError, match="exports OwnHarness, a taskset's own Harness or Env"):
+        load_environment(f"verifiers-v1:{HERE / 'vf1_harness_env.py'}")
 
 
 def test_v1_unknown_taskset_says_what_is_missing():
