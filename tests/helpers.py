@@ -26,7 +26,6 @@ LENGTH_ENV = str(Path(__file__).parent / "envs" / "length_env.py")
 VOLATILE = ("wall_time", "time/", "rollout/tokens_per_s", "train/tokens_per_s")  # differ run to run
 LOGPROB = -0.5  # the logprob the scripted engine reports for every sampled token
 
-
 # -- models ----------------------------------------------------------------------------------
 
 
@@ -263,3 +262,33 @@ def write_dist_info(site: Path, package: str, version: str, entry_points: dict[s
     lines = [f"{name} = {target}" for name, target in entry_points.items()]
     (info / "entry_points.txt").write_text("[looprl.environments]\n" + "\n".join(lines) + "\n")
     return info
+
+
+def train_two_steps(tmp_path: Path, env_name: str, env_kwargs: dict) -> list[dict]:
+    """Two training steps of the tiny model on `env_name`; asserts the weights moved, returns
+    the metrics rows."""
+    import asyncio
+
+    import torch
+
+    from looprl.trainer.trainer import Trainer
+
+    cfg = load_config(
+        None,
+        {
+            "model.name": "tiny", "env.name": env_name, "env.kwargs": env_kwargs,
+            "rollout.tasks_per_step": 2, "rollout.rollouts_per_task": 2, "trainer.steps": 2,
+            "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": 2,
+            "optim.lr": 1e-3, "run.output_dir": str(tmp_path), "run.name": "foreign",
+            "run.tensorboard": False,
+        },
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    trainer._setup()
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.resume = True  # _setup already ran; drive the loop directly
+    asyncio.run(trainer._loop())
+    trainer.logger.close()
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

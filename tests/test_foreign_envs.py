@@ -13,14 +13,11 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import check_token_invariants, run_episode
+from helpers import check_token_invariants, run_episode, train_two_steps
 
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
 from looprl.rollout.loop import episode_seed, run_group
-from looprl.trainer.config import load_config
-from looprl.trainer.trainer import Trainer
 
 pytest.importorskip("verifiers", reason="make setup-test installs the verifiers extra")
 pytest.importorskip("openenv", reason="make setup-test installs the openenv extra")
@@ -87,6 +84,15 @@ def test_verifiers_group_reward_sees_the_whole_group(tiny_tokenizer):
     assert [ep.num_turns for ep in episodes] == [1, 2]
     assert [ep.rewards["group_rank"] for ep in episodes] == [0.0, 1.0]  # the longer one
     assert [ep.reward for ep in episodes] == [1.0, 1.5]  # guessed (1.0) + 0.5 x rank
+
+
+def test_verifiers_text_prompt_column_is_one_user_turn(tiny_tokenizer):
+    env = load_environment(VF, kind="text_prompt")
+    task = env.get_tasks("train", n=2)[1]
+    assert [(m.role, m.content) for m in task.prompt] == [("user", "What is 1 + 1?")]
+    episode = asyncio.run(run_episode(env, task, ["Two."], tiny_tokenizer))
+    assert episode.rewards == {"reply_length": 0.04, "num_turns": 1.0}
+    check_token_invariants(episode, env, tiny_tokenizer)
 
 
 def test_verifiers_raising_reward_is_a_scoring_error_not_a_zero(tiny_tokenizer):
@@ -169,28 +175,6 @@ def test_openenv_refuses_an_action_it_cannot_fill_from_text():
         pick_action_field(Move, "x")
 
 
-def _train_two_steps(tmp_path: Path, env_name: str, env_kwargs: dict) -> list[dict]:
-    cfg = load_config(
-        None,
-        {
-            "model.name": "tiny", "env.name": env_name, "env.kwargs": env_kwargs,
-            "rollout.tasks_per_step": 2, "rollout.rollouts_per_task": 2, "trainer.steps": 2,
-            "trainer.eval_every": 0, "trainer.eval_tasks": 2, "trainer.save_every": 2,
-            "optim.lr": 1e-3, "run.output_dir": str(tmp_path), "run.name": "foreign",
-            "run.tensorboard": False,
-        },
-    )  # fmt: skip
-    trainer = Trainer(cfg)
-    trainer._setup()
-    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-    trainer.resume = True  # _setup already ran; drive the loop directly
-    asyncio.run(trainer._loop())
-    trainer.logger.close()
-    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
-    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("env_name", "env_kwargs"),
@@ -198,7 +182,7 @@ def _train_two_steps(tmp_path: Path, env_name: str, env_kwargs: dict) -> list[di
     ids=["verifiers", "openenv"],
 )
 def test_two_training_steps_on_a_foreign_environment(tmp_path, env_name, env_kwargs):
-    rows = _train_two_steps(tmp_path, env_name, env_kwargs)
+    rows = train_two_steps(tmp_path, env_name, env_kwargs)
     assert len(rows) == 2 and all(math.isfinite(r["loss/total"]) for r in rows)
     assert any(r.get("train/adv_abs_mean", 0.0) > 0 for r in rows)
     assert any(r["reward/mean"] > 0 for r in rows)

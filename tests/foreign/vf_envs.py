@@ -3,8 +3,8 @@
 `load_environment(kind=...)` returns one of: `single` (a SingleTurnEnv scored by reply length, so
 a random tiny model's samples differ), `tool` (a ToolEnv with an `add` tool and an exact-answer
 reward), `game` (a MultiTurnEnv: guess a number, with feedback turns, a custom stop condition and
-a final_env_response), `raising` (a reward that raises), `stateful` and `completion` (APIs the
-adapter refuses).
+a final_env_response), `text_prompt` (a `prompt` column of strings), `raising` (a reward that
+raises), `stateful` and `completion` (APIs the adapter refuses).
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ def load_environment(kind: str = "single", n: int = 4) -> vf.Environment:
         return GuessGame(dataset=Dataset.from_list(rows), rubric=rubric, max_turns=4)
     if kind == "stateful":
         return vf.StatefulToolEnv(dataset=_rows(n), tools=[add])
+    if kind == "text_prompt":  # a `prompt` column of strings in a chat environment
+        rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(n)]
+        rubric = vf.Rubric(funcs=[reply_length], weights=[1.0])
+        return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=rubric)
     if kind == "completion":
         return vf.SingleTurnEnv(
             dataset=Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}]),

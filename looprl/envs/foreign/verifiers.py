@@ -5,6 +5,7 @@ masks and logprobs) while the verifiers code keeps its meaning:
 
 - tasks: each row of `get_dataset()` / `get_eval_dataset()` (already formatted by verifiers:
   `prompt` with its system prompt and few-shot turns, `answer`, `info`, `task`, `example_id`);
+  a `prompt` that is a string (a text column in a chat environment) is one user turn;
 - tools of a plain `vf.ToolEnv`: its python functions become looprl tools (schemas from their
   signatures and docstrings) run by looprl's executor (timeouts, size caps, error kinds);
 - after each assistant turn the turn is added to the verifiers state's `trajectory` (through the
@@ -129,13 +130,15 @@ class VerifiersEnv(Environment):
             info = json.loads(info) if isinstance(info, str) else dict(info)
             task_id = f"{split}-{row['example_id']}"
             answer = row.get("answer")
+            messages = row["prompt"]
+            if isinstance(messages, str):  # a text `prompt` column of a chat env: one user turn
+                messages = [{"role": "user", "content": messages}]
             self._rows[task_id] = {
-                "prompt": row["prompt"], "answer": answer if answer is not None else "",
+                "prompt": messages, "answer": answer if answer is not None else "",
                 "task": row.get("task", "default"), "info": info, "example_id": row["example_id"],
             }  # fmt: skip
             prompt = [
-                _from_vf(m, f"{self.name_hint(split)} row {row['example_id']}")
-                for m in row["prompt"]
+                _from_vf(m, f"{self.name_hint(split)} row {row['example_id']}") for m in messages
             ]
             text = answer if isinstance(answer, str) or answer is None else json.dumps(answer)
             tasks.append(Task(id=task_id, prompt=prompt, answer=text, info=info))
