@@ -15,6 +15,12 @@ process group (None with one process), and returns one of five kinds. The traini
 | `follower` | vllm, ranks other than 0 under FSDP       | nothing: rank 0 hands out   | its part of rank 0's gather  |
 |            |                                           | the batch                   |                              |
 
+Before an update that no generation runs beside (`max_async_steps = 0`, or the pipeline empty at a
+checkpoint), the trainer calls `placement.release_idle_memory()`: an in-process torch engine
+(`shared`, `copy`) frees its KV-cache slots and prefix cache, which the update would otherwise
+carry as dead weight (the prefix cache is emptied by the weight change anyway; the next batch
+allocates the slots again). Servers keep their memory, in their own processes.
+
 `shares_weights` is True when the sampler holds the trainer's very values (`shared`, and `copy`
 under FSDP with full weights, on-policy): then pi_trainer / pi_sampler = 1 and truncated
 importance sampling would be the identity. `main_only` is True when rank 0 alone generates.
@@ -32,8 +38,9 @@ from torch import nn
 
 from looprl.engines.base import AdapterEngine, GenerationRequest, TrainableEngine
 from looprl.engines.config import EngineSection
-from looprl.engines.factory import make_trainable_engine, vllm_engine
+from looprl.engines.factory import vllm_engine
 from looprl.engines.ram_dirs import sweep_and_report
+from looprl.engines.torch_engine import TorchEngine
 from looprl.models.weights import frozen_copy, lora_config, merged_weights
 from looprl.types import Generation
 
@@ -85,8 +92,26 @@ class Placement(ABC):
         """The model rank 0 exports at the end: the trained one (the export merges LoRA)."""
         return model
 
+    def release_idle_memory(self) -> None:
+        """Nothing generates until the next batch: free what the sampler holds only for
+        generating (module doc). Nothing to free here: servers hold theirs in their own processes."""
+        return None
 
-class SharedPlacement(Placement):
+
+class InProcessPlacement(Placement):
+    """A torch engine in this process (`shared` or `copy`), whose caches can be freed between batches."""
+
+    def __init__(self, engine: TorchEngine, *, shares_weights: bool) -> None:
+        super().__init__(engine, shares_weights=shares_weights)
+        self.torch_engine = engine
+
+    def release_idle_memory(self) -> None:
+        """Free the engine's KV-cache slots and prefix cache (kept if a sequence is still active);
+        what it samples next is unchanged (tests/test_sampler_memory.py)."""
+        self.torch_engine.release_memory()
+
+
+class SharedPlacement(InProcessPlacement):
     """The torch engine samples from the trainer's own tensors: an optimizer step is already its."""
 
     kind = "shared"
@@ -95,7 +120,7 @@ class SharedPlacement(Placement):
         self.engine.sync_weights(None, version=version)  # only the version moves
 
 
-class CopyPlacement(Placement):
+class CopyPlacement(InProcessPlacement):
     """The torch engine samples from its own frozen copy, overwritten with the merged weights
     after each step. Under FSDP every rank gathers them into its full copy (each samples its
     share of the groups), and rank 0 exports that copy."""
@@ -103,7 +128,7 @@ class CopyPlacement(Placement):
     kind = "copy"
 
     def __init__(
-        self, engine: TrainableEngine, copy: nn.Module, *, shares_weights: bool, sharded: bool
+        self, engine: TorchEngine, copy: nn.Module, *, shares_weights: bool, sharded: bool
     ) -> None:
         super().__init__(engine, shares_weights=shares_weights)
         self.copy = copy
@@ -248,10 +273,7 @@ def make_placement(
         sweep_and_report()  # RAM that killed vLLM-backed runs left (vllm_engine sweeps too)
     own = lora is not None or generate_ahead or group is not None
     sampled = frozen_copy(model) if own else model
-    torch_engine = make_trainable_engine(
-        "torch", model=sampled, tokenizer=tokenizer, max_batch_size=engine.max_concurrency,
-        seed=seed,
-    )  # fmt: skip
+    torch_engine = TorchEngine(sampled, tokenizer, max_batch_size=engine.max_concurrency, seed=seed)
     if not own:
         return SharedPlacement(torch_engine, shares_weights=True)
     same = lora is None and not generate_ahead  # under FSDP the gathered copy holds the values

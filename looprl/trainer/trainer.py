@@ -295,6 +295,7 @@ class Trainer:
                 metrics = await asyncio.to_thread(self._update, batch.groups)
                 await ahead.idle()  # the engine must be idle before its weights change
             else:
+                self.placement.release_idle_memory()  # no generation until the next batch
                 metrics = self._update(batch.groups)
             phases.enter("syncing weights")
             metrics.update(self._sync(step))
