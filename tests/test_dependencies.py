@@ -37,10 +37,16 @@ def module_dists() -> dict[str, set[str]]:
     return out
 
 
+OTHER_INTERPRETERS = {"looprl/envs/foreign/_verifiers_v1_worker.py"}
+"""Scripts that run in a venv of their own (verifiers 0.4's), never imported by looprl."""
+
+
 def looprl_imports() -> dict[str, list[tuple[str, bool]]]:
     """Third-party top-level modules imported by looprl -> [(file:line, at module level?)]."""
     found: dict[str, list[tuple[str, bool]]] = {}
     for path in sorted((ROOT / "looprl").rglob("*.py")):
+        if path.relative_to(ROOT).as_posix() in OTHER_INTERPRETERS:
+            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top_level = {id(node) for node in _module_level(tree.body)}
         for node in ast.walk(tree):
