@@ -85,21 +85,9 @@ def judge_config(spec: JudgeConfig | dict[str, Any]) -> JudgeConfig:
 def make_judge(spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
     """Build the `JudgeRubric` a config names (a torch judge loads its model here)."""
     cfg = judge_config(spec)
-    tokenizer = None
-    if cfg.kind == "openai":
-        from looprl.engines.openai_engine import OpenAIEngine
-
-        # The judge retries on its own, so each engine request is tried once.
-        engine: Any = OpenAIEngine(
-            cfg.base_url or "", cfg.model, max_concurrency=cfg.max_concurrency,
-            timeout=cfg.timeout_s, max_retries=0,
-        )  # fmt: skip
-    else:
-        from looprl.engines.torch_engine import TorchEngine
-        from looprl.models.loading import load_model
-
-        model, tokenizer = load_model(cfg.model)
-        engine = TorchEngine(model, tokenizer, max_batch_size=cfg.max_concurrency)
+    engine, tokenizer = side_engine(
+        cfg.kind, cfg.model, cfg.base_url, cfg.max_concurrency, cfg.timeout_s
+    )
     sampling = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature)
     return JudgeRubric(
         engine, tokenizer=tokenizer, template=cfg.template, hardened=cfg.hardened, name=cfg.name,
@@ -107,6 +95,30 @@ def make_judge(spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
         timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, cache_size=cfg.cache_size,
         cache_path=cfg.cache_path,
     )  # fmt: skip
+
+
+def side_engine(
+    kind: str, model: str, base_url: str | None, max_concurrency: int, timeout_s: float
+) -> tuple[Any, Any]:
+    """(engine, tokenizer) of a model beside the policy (a judge, a simulated user): an OpenAI-
+    compatible server (`kind="openai"`, tokenizer None) or a local model in process (`"torch"`).
+
+    Each request to a server is tried once: the judge retries on its own, and a simulated user's
+    failed reply is an error of its episode.
+    """
+    if kind == "openai":
+        from looprl.engines.openai_engine import OpenAIEngine
+
+        engine = OpenAIEngine(
+            base_url or "", model, max_concurrency=max_concurrency, timeout=timeout_s,
+            max_retries=0,
+        )  # fmt: skip
+        return engine, None
+    from looprl.engines.torch_engine import TorchEngine
+    from looprl.models.loading import load_model
+
+    weights, tokenizer = load_model(model)
+    return TorchEngine(weights, tokenizer, max_batch_size=max_concurrency), tokenizer
 
 
 def attach_judge(env: Environment, spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
