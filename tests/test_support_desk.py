@@ -145,3 +145,22 @@ def test_a_scripted_user_may_be_async():
         return None
 
     assert asyncio.run(as_user(user).reply([], Task("t", [], None))) is None  # type: ignore[union-attr]
+
+
+def test_the_docs_user_tutorial_runs_as_written():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "def customer(" in b]
+    namespace: dict = {}
+    exec(compile(block, "docs/environments.md", "exec"), namespace)  # builds, connects to nothing
+    env, task = (
+        namespace["env"],
+        Task("t", [Message(role="user", content="Hi")], None, {"order_id": "A1"}),
+    )
+    script = ["Which order?", tool_call("lookup_order", {"order_id": "A1"}), "It has shipped."]
+    episode = asyncio.run(rollout(env, ScriptedEngine(script), task, renderer=None))
+    roles = [m.role for m in episode.messages]
+    assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert isinstance(namespace["model_customer"], ModelUser)

@@ -26,7 +26,6 @@ from typing import Annotated, Any
 
 import looprl
 from looprl.envs.support_policy import REFUND_DAYS, policy_text
-from looprl.envs.user import END_MARKER, ModelUser
 
 SYSTEM_PROMPT = (
     "You are a customer support agent for an online shop. Ask the customer for their order "
@@ -37,7 +36,7 @@ SYSTEM_PROMPT = (
 PERSONA = (
     "You are a customer of an online shop talking to its support agent. Your goal: {goal} Your "
     "order number is {order_id}; give it when asked. Write one or two short sentences per turn. "
-    "When the agent has answered your request, write {end}."
+    "When the agent has answered your request, write ###DONE###."
 )
 ITEMS = {
     "electronics": ["wireless headphones", "phone charger", "smart watch"],
@@ -223,19 +222,14 @@ def load_environment(
     )
 
 
-def model_user(spec: Any) -> ModelUser:
+def model_user(spec: Any) -> looprl.ModelUser:
     """A model playing the customer, from `{kind, model, base_url}` (ValueError naming the fix)."""
-    from looprl.judge.config import side_engine
-
-    if not isinstance(spec, dict) or not {"kind", "model"} <= set(spec) <= {
-        "kind", "model", "base_url"
-    }:  # fmt: skip
+    keys = set(spec) if isinstance(spec, dict) else set()
+    if not {"kind", "model"} <= keys <= {"kind", "model", "base_url"}:
         raise ValueError(
             f"user must be 'scripted' or a table {{kind = 'torch' | 'openai', model = ..., "
             f"base_url = ...}}, got {spec!r}"
         )
-    if spec["kind"] not in ("torch", "openai"):
-        raise ValueError(f"user kind must be 'torch' or 'openai', got {spec['kind']!r}")
-    engine, tokenizer = side_engine(spec["kind"], spec["model"], spec.get("base_url"), 8, 60.0)
-    persona = PERSONA.replace("{end}", END_MARKER)
-    return ModelUser(engine, persona, tokenizer=tokenizer)
+    return looprl.ModelUser.from_model(
+        spec["kind"], spec["model"], PERSONA, base_url=spec.get("base_url"), end_marker="###DONE###"
+    )

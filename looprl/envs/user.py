@@ -9,7 +9,8 @@ and `Limits.timeout_s` counts the user's time with the tools'.
 - `ScriptedUser(fn)`: `fn(messages, task) -> str | None`, sync or async, over the conversation so
   far (system prompt, the task's opening, assistant turns, tool results, earlier user replies).
   A plain function given as `user=` is wrapped in one.
-- `ModelUser(engine, persona)`: a model plays the user with its own engine. It sees the
+- `ModelUser(engine, persona)` (or `ModelUser.from_model(kind, model, persona)`): a model plays
+  the user with its own engine. It sees the
   conversation from its side: the persona (filled from `task.info`) as its system prompt, the
   task's user messages and its own earlier replies as its assistant turns, the policy's replies
   (their text outside tool calls) as user turns; tool calls and results are not shown to it.
@@ -31,7 +32,7 @@ END_MARKER = "###DONE###"
 OPENING = "(Start the conversation.)"
 """The model user's first user turn, so its own opening message follows a user turn."""
 
-UserFunction = Callable[[list[Message], Task], "str | None | Awaitable[str | None]"]
+UserFunction = Callable[[list[Message], Task], str | None | Awaitable[str | None]]
 
 
 @runtime_checkable
@@ -59,8 +60,8 @@ class ModelUser:
     """A user played by a model through its own engine (see the module docstring).
 
     Args:
-        engine: the user model: any engine (`looprl.judge.config.side_engine` builds a server's
-            or a local one); a token-level engine needs the model's `tokenizer`.
+        engine: the user model: any engine (`from_model` builds a server's or a local one, as a
+            judge's); a token-level engine needs the model's `tokenizer`.
         persona: its system prompt, a `str.format` template over `task.info` (e.g. "You are a
             customer whose order {order_id} ..."); say in it how to end (`end_marker`).
         sampling: the user's sampling (default: greedy, 128 tokens).
@@ -86,6 +87,21 @@ class ModelUser:
         self.sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
         self.end_marker = end_marker
         self.renderer = Renderer(tokenizer) if tokenizer is not None else None
+
+    @classmethod
+    def from_model(
+        cls, kind: str, model: str, persona: str, *, base_url: str | None = None, **kwargs: Any
+    ) -> ModelUser:
+        """A user played by a served model (`kind="openai"`, at `base_url`) or a local one
+        (`"torch"`: tiny, smollm2-135m or a model directory), built as a judge's engine is."""
+        from looprl.engines.factory import side_engine
+
+        if kind not in ("openai", "torch"):
+            raise ValueError(f"user model kind must be 'openai' or 'torch', got {kind!r}")
+        if kind == "openai" and not base_url:
+            raise ValueError("an openai user model needs base_url (the server's /v1 URL)")
+        engine, tokenizer = side_engine(kind, model, base_url, 8, 60.0)
+        return cls(engine, persona, tokenizer=tokenizer, **kwargs)
 
     def conversation(self, messages: list[Message], task: Task) -> list[Message]:
         """The conversation as the user model sees it (roles swapped, tools left out)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from looprl.engines.factory import side_engine
 from looprl.judge.rubric import JudgeRubric
 from looprl.types import SamplingParams
 
@@ -95,30 +96,6 @@ def make_judge(spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
         timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, cache_size=cfg.cache_size,
         cache_path=cfg.cache_path,
     )  # fmt: skip
-
-
-def side_engine(
-    kind: str, model: str, base_url: str | None, max_concurrency: int, timeout_s: float
-) -> tuple[Any, Any]:
-    """(engine, tokenizer) of a model beside the policy (a judge, a simulated user): an OpenAI-
-    compatible server (`kind="openai"`, tokenizer None) or a local model in process (`"torch"`).
-
-    Each request to a server is tried once: the judge retries on its own, and a simulated user's
-    failed reply is an error of its episode.
-    """
-    if kind == "openai":
-        from looprl.engines.openai_engine import OpenAIEngine
-
-        engine = OpenAIEngine(
-            base_url or "", model, max_concurrency=max_concurrency, timeout=timeout_s,
-            max_retries=0,
-        )  # fmt: skip
-        return engine, None
-    from looprl.engines.torch_engine import TorchEngine
-    from looprl.models.loading import load_model
-
-    weights, tokenizer = load_model(model)
-    return TorchEngine(weights, tokenizer, max_batch_size=max_concurrency), tokenizer
 
 
 def attach_judge(env: Environment, spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
