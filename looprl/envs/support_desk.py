@@ -19,6 +19,7 @@ an address change of an order already shipped).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import random
 import sys
@@ -73,7 +74,7 @@ def allowed(kind: str, order: dict[str, Any]) -> bool:
     return kind == "status" or order["status"] == "processing"
 
 
-def make_task(rng: random.Random, split: str, index: int) -> looprl.Task:
+def make_task(rng: random.Random) -> looprl.Task:
     """One customer: an orders table of three, a goal about one of them, its opening message."""
     ids = rng.sample(range(1000, 10000), 3)
     orders = [_order(rng, f"A{i}", rng.choice(["processing", "shipped", "delivered"])) for i in ids]
@@ -90,13 +91,14 @@ def make_task(rng: random.Random, split: str, index: int) -> looprl.Task:
     info = {"kind": kind, "order_id": target["order_id"], "new_address": new_address,
             "goal": goal.format(item=target["item"]), "orders": orders}  # fmt: skip
     prompt = [looprl.Message(role="user", content=opening.format(item=target["item"]))]
-    return looprl.Task(f"support-{split}-{index}", prompt, answer, info, env="support_desk")
+    digest = hashlib.sha256(json.dumps([prompt[0].content, info]).encode()).hexdigest()[:12]
+    return looprl.Task(f"support-{digest}", prompt, answer, info, env="support_desk")
 
 
 def generate_tasks(split: str, n: int, seed: int) -> list[looprl.Task]:
     """`n` customers of a split; the same (split, seed) gives the same tasks."""
     rng = random.Random(f"support_desk-{split}-{seed}")
-    return [make_task(rng, split, i) for i in range(n)]
+    return [make_task(rng) for _ in range(n)]
 
 
 def customer(messages: list[looprl.Message], task: looprl.Task) -> str | None:
