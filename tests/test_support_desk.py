@@ -164,3 +164,10 @@ def test_the_docs_user_tutorial_runs_as_written():
     roles = [m.role for m in episode.messages]
     assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant"]
     assert isinstance(namespace["model_customer"], ModelUser)
+
+
+def test_a_model_user_names_what_its_model_needs():
+    with pytest.raises(ValueError, match="kind must be 'openai' or 'torch', got 'vllm'"):
+        ModelUser.from_model("vllm", "m", "persona")
+    with pytest.raises(ValueError, match="needs base_url"):
+        ModelUser.from_model("openai", "m", "persona")
