@@ -7,7 +7,8 @@ imports from here alone, as every bundled one in `looprl/envs/` does::
 
 - environments: `Environment` and its three shapes `SingleTurnEnv`, `MultiTurnEnv` (a game or a
   simulated user: `env_response`), `ToolEnv`; `Limits`, `StepOutcome`, `TaskSource`, the
-  `ParsedTurn` a `step` hook receives; `load_environment`, `available_environments`;
+  `ParsedTurn` a `step` hook receives; `load_environment`, `available_environments`; the other
+  party of a `ToolEnv(user=...)`: `ScriptedUser`, `ModelUser`, `SimulatedUser`;
 - tools: typed Python functions whose schema comes from the signature and docstring (`make_tool`,
   `tool_schema`), `Hidden` arguments filled from the episode's state, `ToolError` and
   `ToolReply` to fail a call or add a status; the sandboxed `python` tools (`make_python_tools`);
@@ -33,6 +34,7 @@ from looprl.envs.base import (
     ToolEnv,
 )
 from looprl.envs.registry import available_environments, load_environment
+from looprl.envs.user import ModelUser, ScriptedUser, SimulatedUser
 from looprl.files import iter_jsonl
 from looprl.judge.rubric import JudgeRubric, judge_injection
 from looprl.kit import (
@@ -63,9 +65,12 @@ __all__ = [
     "JudgeRubric",
     "Limits",
     "Message",
+    "ModelUser",
     "MultiTurnEnv",
     "ParsedTurn",
     "Rubric",
+    "ScriptedUser",
+    "SimulatedUser",
     "SingleTurnEnv",
     "StepOutcome",
     "Task",

@@ -18,7 +18,12 @@ from looprl.cli.scaffold import scaffold
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVS = ROOT / "looprl" / "envs"
-NOT_ENVIRONMENTS = {"__init__", "base", "registry"}  # and the foreign/ adapters, one level down
+NOT_ENVIRONMENTS = {
+    "__init__",
+    "base",
+    "registry",
+    "user",
+}  # and the foreign/ adapters, one level down
 AUTHOR_NAMES = [
     "Environment", "SingleTurnEnv", "MultiTurnEnv", "ToolEnv", "Limits", "StepOutcome",
     "Hidden", "make_tool", "tool_schema", "ToolError", "ToolReply", "Rubric", "JudgeRubric",

@@ -26,6 +26,7 @@ BUNDLED = {
     "mixture": {"envs": ["calculator", "wordle"]},
     "number_anywhere": {},
     "number_final": {},
+    "support_desk": {},
 }
 SECONDS: dict[str, float] = {}
 

@@ -23,6 +23,7 @@ CASES = [
     ("wordle", {}),
     ("python_math", {}),
     ("reasoning_gym", {"dataset": "basic_arithmetic", "size": 200}),
+    ("support_desk", {}),
 ]
 POLICY_CASES = [
     ("calculator", {}, "calculator"),
@@ -30,6 +31,7 @@ POLICY_CASES = [
     ("wordle", {}, "wordle"),
     ("python_math", {}, "python_math"),
     ("reasoning_gym", {"dataset": "basic_arithmetic", "size": 200}, "basic_arithmetic"),
+    ("support_desk", {}, "support_desk"),
 ]
 
 

@@ -3,7 +3,8 @@
 `make_engine` builds an engine of a given kind around what the caller already has (an
 in-process model, or a server URL); `make_policy` is the command line's path: it loads the
 model named by `--model` first (or points at `--base-url`); `vllm_engine` is the one place a
-`VLLMEngine` is built. The trainer builds its engine through `looprl.engines.placement`.
+`VLLMEngine` is built; `side_engine` builds a model beside the policy (a judge, a simulated
+user). The trainer builds its engine through `looprl.engines.placement`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,30 @@ def make_engine(
 
         return TorchEngine(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
     raise ValueError(f"unknown engine kind {kind!r}; choose one of ['openai', 'torch', 'vllm']")
+
+
+def side_engine(
+    kind: str, model: str, base_url: str | None, max_concurrency: int, timeout_s: float
+) -> tuple[Any, Any]:
+    """(engine, tokenizer) of a model beside the policy (a judge, a simulated user): an OpenAI-
+    compatible server (`kind="openai"`, tokenizer None) or a local model in process (`"torch"`).
+
+    Each request to a server is tried once: the judge retries on its own, and a simulated user's
+    failed reply is an error of its episode.
+    """
+    if kind == "openai":
+        from looprl.engines.openai_engine import OpenAIEngine
+
+        engine = OpenAIEngine(
+            base_url or "", model, max_concurrency=max_concurrency, timeout=timeout_s,
+            max_retries=0,
+        )  # fmt: skip
+        return engine, None
+    from looprl.engines.torch_engine import TorchEngine
+    from looprl.models.loading import load_model
+
+    weights, tokenizer = load_model(model)
+    return TorchEngine(weights, tokenizer, max_batch_size=max_concurrency), tokenizer
 
 
 def make_trainable_engine(kind: EngineKind, **kwargs: Any) -> TrainableEngine:

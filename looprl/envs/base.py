@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.envs.user import SimulatedUser, UserFunction, as_user
 from looprl.mcp import MCPServer, MCPTools
 from looprl.rendering.formats import get_parser
 from looprl.rendering.parser import ParsedTurn
@@ -239,8 +240,10 @@ class ToolEnv(Environment):
     """An environment that needs only tools and a rubric.
 
     After each assistant turn the parsed tool calls run concurrently and their results come
-    back as tool messages; a turn without tool calls ends the episode. Malformed calls are
-    answered with a tool message explaining the problem and counted by kind.
+    back as tool messages; a turn without tool calls ends the episode, or, with a `user`
+    (`looprl.envs.user`: a function `(messages, task) -> str | None` or a `ModelUser`), goes to
+    the user, whose reply comes back as a user message until it answers None. Malformed calls
+    are answered with a tool message explaining the problem and counted by kind.
 
     The tools come from sources (`looprl.tools.source`): `tools`, Python functions, and `mcp`,
     the tools of MCP servers (`looprl.mcp.MCPServer`s or tables of their fields), which start
@@ -259,9 +262,11 @@ class ToolEnv(Environment):
         max_tool_result_chars: int = 4000,
         max_hung_tool_calls: int = 256,
         tool_isolation: Isolation = "thread",
+        user: SimulatedUser | UserFunction | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.user = as_user(user)
         self.sources: list[ToolSource] = [FunctionTools(tools)]
         if mcp:
             self.sources.append(MCPTools(mcp))
@@ -305,9 +310,10 @@ class ToolEnv(Environment):
     async def step(
         self, messages: list[Message], parsed: ParsedTurn, state: dict[str, Any]
     ) -> StepOutcome:
-        """Run the turn's tool calls (and answer malformed ones); no calls ends the episode."""
+        """Run the turn's tool calls (and answer malformed ones); a turn without calls goes to
+        the user, or ends the episode when there is none."""
         if not parsed.calls and not parsed.errors:
-            return StepOutcome(done=True)
+            return await self.user_turn(messages, state)
         results = await self.executor.run_turn(parsed, state)
         out = [r.to_message() for r in results]
         errors = count_tool_errors(results)
@@ -318,3 +324,10 @@ class ToolEnv(Environment):
             infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
             tool_outcomes=[r.outcome() for r in results],
         )
+
+    async def user_turn(self, messages: list[Message], state: dict[str, Any]) -> StepOutcome:
+        """The user's answer to a turn without tool calls; no user, or None from it, ends it."""
+        text = None if self.user is None else await self.user.reply(messages, state["task"])
+        if text is None:
+            return StepOutcome(done=True)
+        return StepOutcome(messages=[Message(role="user", content=text)])

@@ -45,6 +45,7 @@ BUILTIN = {
     "python_math": "looprl.envs.python_math",
     "number_anywhere": "looprl.envs.hackable:load_number_anywhere",
     "number_final": "looprl.envs.hackable:load_number_final",
+    "support_desk": "looprl.envs.support_desk",
 }
 ENTRY_POINT_GROUP = "looprl.environments"
 

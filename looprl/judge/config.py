@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from looprl.engines.factory import side_engine
 from looprl.judge.rubric import JudgeRubric
 from looprl.types import SamplingParams
 
@@ -85,21 +86,9 @@ def judge_config(spec: JudgeConfig | dict[str, Any]) -> JudgeConfig:
 def make_judge(spec: JudgeConfig | dict[str, Any]) -> JudgeRubric:
     """Build the `JudgeRubric` a config names (a torch judge loads its model here)."""
     cfg = judge_config(spec)
-    tokenizer = None
-    if cfg.kind == "openai":
-        from looprl.engines.openai_engine import OpenAIEngine
-
-        # The judge retries on its own, so each engine request is tried once.
-        engine: Any = OpenAIEngine(
-            cfg.base_url or "", cfg.model, max_concurrency=cfg.max_concurrency,
-            timeout=cfg.timeout_s, max_retries=0,
-        )  # fmt: skip
-    else:
-        from looprl.engines.torch_engine import TorchEngine
-        from looprl.models.loading import load_model
-
-        model, tokenizer = load_model(cfg.model)
-        engine = TorchEngine(model, tokenizer, max_batch_size=cfg.max_concurrency)
+    engine, tokenizer = side_engine(
+        cfg.kind, cfg.model, cfg.base_url, cfg.max_concurrency, cfg.timeout_s
+    )
     sampling = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature)
     return JudgeRubric(
         engine, tokenizer=tokenizer, template=cfg.template, hardened=cfg.hardened, name=cfg.name,

@@ -68,6 +68,18 @@ class SearchReference(OracleReference):
         return turn.fmt(turn.answer)
 
 
+class SupportReference(OracleReference):
+    """Plays the support desk as its scripted teacher does (`looprl.sft.teachers.support_desk`)."""
+
+    description = "ask the order number, look it up, act within the policy, say so"
+
+    def reply(self, turn: Turn) -> str:
+        """The teacher's next turn."""
+        from looprl.sft.teachers import support_desk
+
+        return support_desk(turn.messages)
+
+
 _WORDLE_WRONG = ("slate", "crony", "dumpy", "fight", "whisk", "bevel", "jazzy", "mound")
 
 
@@ -110,6 +122,7 @@ PROFILES: dict[str, ProbeProfile] = {
     "reasoning_gym": ProbeProfile("<answer>{}</answer>"),
     "number_anywhere": ProbeProfile("<answer>{}</answer>"),
     "number_final": ProbeProfile("<answer>{}</answer>"),
+    "support_desk": ProbeProfile("{}", reference=SupportReference()),
 }
 """Profiles of the bundled environments, by environment name (before any `.` suffix)."""
 

@@ -13,6 +13,7 @@ model: `looprl eval ENV --policy looprl.sft.teachers:NAME` evaluates one, and in
 | `wordle` | wordle | opens with "slate", then guesses the first answer word consistent with all feedback |
 | `python_math` | python_math | runs the problem template's program with `python_session`, boxes what it printed |
 | `basic_arithmetic` | reasoning_gym with `dataset=basic_arithmetic` | evaluates the expression (floor division, as reasoning-gym does), answers in `<answer>` tags |
+| `support_desk` | support_desk | asks for the order number, looks the order up (and the refund policy), acts when the policy allows, says what it did |
 
 A small model that never produces an environment's format (a tool call, `<guess>`, `<answer>`)
 scores 0 on every episode, so GRPO has no signal: warm-start it by SFT on a teacher's traces.
@@ -53,7 +54,7 @@ Policy = Callable[[list[Message]], str]
 TaskTeacher = Callable[[Task], Policy]
 """The policy that plays one task (a teacher may read the task's reference answer)."""
 
-POLICIES = ("calculator", "search_qa", "wordle", "python_math", "basic_arithmetic")
+POLICIES = ("calculator", "search_qa", "wordle", "python_math", "basic_arithmetic", "support_desk")
 """Names of the policy functions in this module (`looprl.sft.teachers:NAME`)."""
 
 
@@ -269,6 +270,53 @@ def python_math(messages: list[Message]) -> str:
 # --- traces ---------------------------------------------------------------------------------
 
 
+# --- support_desk ---------------------------------------------------------------------------
+
+_ORDER_NUMBER = re.compile(r"\bA\d{4}\b")
+_NEW_ADDRESS = re.compile(r" to (.+?) instead\.")
+_WINDOW = re.compile(r"within (\d+) days")
+
+
+def support_desk(messages: list[Message]) -> str:
+    """support_desk policy: ask for the order number, `lookup_order`, then per request: tell the
+    tracking number; `refund_policy` and `refund` when delivered within the window; or
+    `change_address` while the order is processing; then say what was done."""
+    said = [m.content for m in messages if m.role == "user"]
+    number = _ORDER_NUMBER.search(" ".join(said[1:]))
+    if number is None:
+        return "Could you give me your order number, please?"
+    looked = _tool_results(messages, "lookup_order")
+    if not looked:
+        return tool_call("lookup_order", {"order_id": number.group()})
+    order, opening = json.loads(looked[-1]), said[0]
+    if "refund" in opening:
+        return _support_refund(messages, order)
+    new_address = _NEW_ADDRESS.search(opening)
+    if new_address is None:
+        return f"Your {order['item']} is {order['status']}; its tracking number is {order['tracking']}."
+    if order["status"] != "processing":
+        return f"Sorry, your {order['item']} has already {order['status']}, so I cannot change its address."
+    if not _tool_results(messages, "change_address"):
+        return tool_call(
+            "change_address", {"order_id": order["order_id"], "new_address": new_address.group(1)}
+        )
+    return f"Done: your {order['item']} will be sent to {new_address.group(1)}."
+
+
+def _support_refund(messages: list[Message], order: dict[str, Any]) -> str:
+    """The refund turns: read the policy, refund when it allows, then say so."""
+    policy = _tool_results(messages, "refund_policy")
+    if not policy:
+        return tool_call("refund_policy", {"category": order["category"]})
+    window = _WINDOW.search(policy[-1])
+    days = order["days_since_delivery"]
+    if order["status"] != "delivered" or window is None or days > int(window.group(1)):
+        return f"Sorry, your {order['item']} cannot be refunded under our policy: {policy[-1]}"
+    if not _tool_results(messages, "refund"):
+        return tool_call("refund", {"order_id": order["order_id"]})
+    return f"Your {order['item']} (order {order['order_id']}) has been refunded."
+
+
 def answer_teacher(task: Task) -> Policy:
     """The task's reference answer in `<answer>` tags (teaches a format, not the reasoning)."""
     return lambda messages: f"<answer>{task.answer}</answer>"
@@ -295,9 +343,11 @@ def make_teacher(env_name: str, env: Environment, env_kwargs: dict[str, Any]) ->
         return lambda task: lambda messages: python_math_reply(messages, name)
     if base == "reasoning_gym":
         return answer_teacher
+    if base == "support_desk":
+        return lambda task: support_desk
     raise ValueError(
         f"no teacher for environment {env_name!r}; teachers exist for calculator, search_qa, "
-        "wordle, python_math and reasoning_gym (for another environment write a policy "
+        "wordle, python_math, reasoning_gym and support_desk (for another environment write a policy "
         "fn(messages) -> str and use teacher_episodes and sft_rows)"
     )
 
@@ -350,7 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m looprl.sft.teachers", description="Write SFT warm-start traces."
     )
-    parser.add_argument("env", help="calculator, search_qa, wordle, python_math or reasoning_gym")
+    parser.add_argument(
+        "env", help="calculator, search_qa, wordle, python_math, reasoning_gym or support_desk"
+    )
     parser.add_argument("--n", type=int, default=160, help="training tasks to play")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-reward", type=float, default=0.0, help="keep episodes above this")
