@@ -195,7 +195,7 @@ def test_bad_tasks_count_is_one_line(capsys):
 
 BUNDLED = {
     "calculator": [], "calculator_text": [], "search_qa": [], "wordle": [], "reasoning_gym": [],
-    "python_math": [], "number_final": [], "mixture": ["--env.envs", '["calculator", "wordle"]'],
+    "python_math": [], "number_final": [], "support_desk": [], "mixture": ["--env.envs", '["calculator", "wordle"]'],
 }  # fmt: skip
 
 
