@@ -23,6 +23,12 @@ from looprl.models.loading import resolve_model_path
 pytestmark = pytest.mark.slow
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT acts, even when the suite was started in the background, where a
+    shell without job control starts commands with SIGINT ignored (and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Looprl:
     """`python -m looprl ARGV` started in `cwd`, its stdout lines collected as they come."""
 
@@ -31,7 +37,7 @@ class Looprl:
         env.pop("LOOPRL_DEBUG", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "looprl", *argv], cwd=cwd, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint,
         )  # fmt: skip
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
