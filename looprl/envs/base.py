@@ -22,7 +22,7 @@ from looprl.mcp import MCPServer, MCPTools
 from looprl.rendering.formats import get_parser
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
-from looprl.tools.executor import Isolation, ToolExecutor, count_tool_errors
+from looprl.tools.executor import Isolation, ToolExecutor, ToolResult, count_tool_errors
 from looprl.tools.schema import make_tools
 from looprl.tools.source import FunctionTools, ToolSource
 from looprl.types import Message, Task, ToolOutcome
@@ -80,6 +80,18 @@ class StepOutcome:
     """Faults that were not the model's (one message each)."""
     tool_outcomes: list[ToolOutcome] = field(default_factory=list)
     """How each call of the turn went, in order."""
+
+
+def tool_step_outcome(parsed: ParsedTurn, results: list[ToolResult]) -> StepOutcome:
+    """The outcome of a turn whose tool calls (and malformed calls) ran: their messages, error
+    counts by kind, infrastructure errors and each call's outcome."""
+    return StepOutcome(
+        messages=[r.to_message() for r in results],
+        tool_errors=count_tool_errors(results),
+        num_tool_calls=len(parsed.calls) + len(parsed.errors),
+        infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
+        tool_outcomes=[r.outcome() for r in results],
+    )
 
 
 class Environment:
@@ -314,16 +326,7 @@ class ToolEnv(Environment):
         the user, or ends the episode when there is none."""
         if not parsed.calls and not parsed.errors:
             return await self.user_turn(messages, state)
-        results = await self.executor.run_turn(parsed, state)
-        out = [r.to_message() for r in results]
-        errors = count_tool_errors(results)
-        return StepOutcome(
-            messages=out,
-            tool_errors=errors,
-            num_tool_calls=len(parsed.calls) + len(parsed.errors),
-            infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
-            tool_outcomes=[r.outcome() for r in results],
-        )
+        return tool_step_outcome(parsed, await self.executor.run_turn(parsed, state))
 
     async def user_turn(self, messages: list[Message], state: dict[str, Any]) -> StepOutcome:
         """The user's answer to a turn without tool calls; no user, or None from it, ends it."""

@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from looprl.envs.base import Environment, Limits, StepOutcome
+from looprl.envs.base import Environment, Limits, StepOutcome, tool_step_outcome
 from looprl.envs.foreign.common import (
     import_environment_module,
     keep_signal_handlers,
@@ -35,7 +35,7 @@ from looprl.envs.foreign.common import (
 )
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
-from looprl.tools.executor import ToolExecutor, count_tool_errors
+from looprl.tools.executor import ToolExecutor
 from looprl.tools.schema import make_tools
 from looprl.types import EpisodeResult, Message, Task
 
@@ -180,14 +180,7 @@ class VerifiersEnv(Environment):
         if await self.vf_env.is_completed(vf_state):
             return StepOutcome(done=True)
         if self.executor is not None:
-            results = await self.executor.run_turn(parsed, state)
-            return StepOutcome(
-                messages=[r.to_message() for r in results],
-                tool_errors=count_tool_errors(results),
-                num_tool_calls=len(parsed.calls) + len(parsed.errors),
-                infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
-                tool_outcomes=[r.outcome() for r in results],
-            )
+            return tool_step_outcome(parsed, await self.executor.run_turn(parsed, state))
         reply = await self.vf_env.env_response(vf_messages, vf_state)
         if isinstance(reply, str):
             raise TypeError(

@@ -34,12 +34,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from looprl.envs.base import Environment, Limits, StepOutcome
+from looprl.envs.base import Environment, Limits, StepOutcome, tool_step_outcome
 from looprl.mcp.tools import check_refs, mcp_params, mcp_tool_schema
 from looprl.models.cache import cache_root
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
-from looprl.tools.executor import ToolError, ToolExecutor, count_tool_errors
+from looprl.tools.executor import ToolError, ToolExecutor
 from looprl.tools.schema import Tool
 from looprl.types import EpisodeResult, Message, Task
 
@@ -194,14 +194,7 @@ class VerifiersV1Env(Environment):
         key = state["task"].info["vf_key"]
         if await self.worker.arequest("stop", task=key, messages=to_vf(messages)):
             return StepOutcome(done=True)
-        results = await self.executor.run_turn(parsed, state)
-        return StepOutcome(
-            messages=[r.to_message() for r in results],
-            tool_errors=count_tool_errors(results),
-            num_tool_calls=len(parsed.calls) + len(parsed.errors),
-            infra_errors=[f"tool {r.name!r}: {r.content}" for r in results if r.infra],
-            tool_outcomes=[r.outcome() for r in results],
-        )
+        return tool_step_outcome(parsed, await self.executor.run_turn(parsed, state))
 
     def close(self) -> None:
         """Stop the worker."""
