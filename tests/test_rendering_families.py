@@ -16,6 +16,7 @@ import pytest
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.registry import load_environment
+from looprl.probe.tokens import mask_spans
 from looprl.rendering.formats import PARSERS
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import rollout
@@ -58,16 +59,6 @@ def test_the_template_s_own_call_parses_back(name: str) -> None:
     turn = renderer.parse(sampled)
     assert turn.errors == []
     assert [(c.name, c.arguments) for c in turn.calls] == [("calculate", arguments)]
-
-
-def _segment_spans(traj: Any) -> list[tuple[int, list[int]]]:
-    spans: list[tuple[int, list[int]]] = []
-    for token, mask in zip(traj.token_ids, traj.mask, strict=True):
-        if spans and spans[-1][0] == mask:
-            spans[-1][1].append(token)
-        else:
-            spans.append((mask, [token]))
-    return spans
 
 
 class RecordingEngine(ScriptedEngine):
@@ -142,7 +133,7 @@ async def test_scripted_episode_is_token_exact(
     turn = 0
     for traj in ep.trajectories:
         traj.check()
-        spans = _segment_spans(traj)
+        spans = mask_spans(traj.token_ids, traj.mask)
         before = ep.messages[: assistant_at[turn]]
         assert spans[0] == (0, renderer.prompt_ids(before))
         sampled += [ids for mask, ids in spans if mask == 1]

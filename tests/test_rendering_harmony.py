@@ -20,6 +20,7 @@ from helpers import family_tokenizer
 from looprl.engines.base import GenerationRequest
 from looprl.envs.calculator import correct_answer, load_environment
 from looprl.envs.wordle import load_environment as load_wordle
+from looprl.probe.tokens import mask_spans
 from looprl.rendering.formats.harmony import HarmonyParser
 from looprl.rendering.parser import BAD_ARGUMENTS, BAD_NAME, INVALID_JSON, UNCLOSED_TAG
 from looprl.rendering.renderer import Renderer
@@ -116,16 +117,6 @@ async def _play(replies: list[str], env: Any = None) -> tuple[EpisodeResult, Cha
     return await rollout(env, engine, task, renderer=renderer), engine, renderer
 
 
-def _spans(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
-    spans: list[tuple[int, list[int]]] = []
-    for token, m in zip(ids, mask, strict=True):
-        if spans and spans[-1][0] == m:
-            spans[-1][1].append(token)
-        else:
-            spans.append((m, [token]))
-    return spans
-
-
 def test_the_typed_in_template_writes_harmony() -> None:
     """A finished episode as the template writes it for training: the answer keeps its analysis
     and ends in <|return|>; the calls' analysis is dropped once a final answer follows."""
@@ -162,7 +153,7 @@ async def test_a_tool_episode_is_token_exact() -> None:
     assert correct_answer(ep) == 1.0
     [traj] = ep.trajectories
     traj.check()
-    spans = _spans(traj.token_ids, traj.mask)
+    spans = mask_spans(traj.token_ids, traj.mask)
     assert [ids for m, ids in spans if m == 1] == engine.outputs
     system = "You are a careful assistant. Use the calculate tool for arithmetic, then reply "
     system += "with 'The answer is N.'"
@@ -238,7 +229,7 @@ async def test_a_malformed_call_reaches_the_model_token_exactly() -> None:
     first = next(m for m in ep.messages if m.role == "tool")
     assert first.content.startswith("Error: the arguments of 'calculate' are not strict JSON")
     [traj] = ep.trajectories
-    assert [ids for m, ids in _spans(traj.token_ids, traj.mask) if m == 1] == engine.outputs
+    assert [ids for m, ids in mask_spans(traj.token_ids, traj.mask) if m == 1] == engine.outputs
     assert correct_answer(ep) == 1.0
 
 
@@ -249,7 +240,7 @@ async def test_a_call_cut_before_its_stop_token_gets_it_as_glue() -> None:
     ep, _, renderer = await _play([cut, CALL_1, CALL_2, ANSWER])
     assert ep.tool_errors == {"malformed_json": 1}
     [traj] = ep.trajectories
-    spans = _spans(traj.token_ids, traj.mask)
+    spans = mask_spans(traj.token_ids, traj.mask)
     error = next(m.content for m in ep.messages if m.role == "tool")
     glue = renderer.encode("<|call|>" + _tool(error) + "<|start|>assistant")
     assert spans[2] == (0, glue)
@@ -275,7 +266,7 @@ async def test_answers_before_a_user_turn_are_rewritten_so_each_turn_is_a_segmen
     assert len(ep.trajectories) == ep.num_turns > 1
     asked = [i for i, m in enumerate(ep.messages) if m.role == "assistant"]
     for k, traj in enumerate(ep.trajectories):
-        spans = _spans(traj.token_ids, traj.mask)
+        spans = mask_spans(traj.token_ids, traj.mask)
         assert spans[0] == (0, renderer.prompt_ids(ep.messages[: asked[k]]))
         assert spans[1] == (1, engine.outputs[k])
     second_turn = ep.trajectories[1]
