@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from looprl.engines.hf_backend import HFCacheModel
 from looprl.engines.kv_model import (
-    HFCacheModel,
     KVBackend,
     LlamaKVModel,
     UnsupportedModelError,
@@ -27,14 +27,22 @@ def default_max_len(model: Any) -> int:
 
 
 def make_backend(
-    model: Any, backend: Backend, *, max_slots: int, max_seq_len: int, fuse: bool
+    model: Any,
+    backend: Backend,
+    *,
+    max_slots: int,
+    max_seq_len: int,
+    fuse: bool,
+    pack: bool = False,
 ) -> KVBackend:
     """`kv` (LlamaKVModel), `hf` (HFCacheModel), or `auto`: kv when the model supports it."""
     if backend not in ("auto", "kv", "hf"):
         raise ValueError(f"unknown backend {backend!r}; choose 'auto', 'kv' or 'hf'")
     if backend != "hf":
         try:
-            return LlamaKVModel(model, max_slots=max_slots, max_seq_len=max_seq_len, fuse=fuse)
+            return LlamaKVModel(
+                model, max_slots=max_slots, max_seq_len=max_seq_len, fuse=fuse, pack=pack
+            )
         except UnsupportedModelError as exc:
             if backend == "kv":
                 raise

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections: same logits and tokens as the unfused path, never stale."""
+"""Fused projections and MKL-packed weights: same logits and tokens as the plain path, never stale."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from looprl.engines.base import GenerationRequest
 from looprl.engines.kv_model import LlamaKVModel
 from looprl.engines.threads import torch_threads
 from looprl.engines.torch_engine import TorchEngine
+from looprl.engines.weight_copies import PackedLinear, mkl_packing_works
 from looprl.types import SamplingParams
 
-ATOL = 1e-5  # fusion may change the matmul's blocking; on these shapes the logits are bitwise equal
+ATOL = RTOL = 1e-5  # fusion and packing change the matmul's blocking and so the rounding
+needs_mkl = pytest.mark.skipif(not mkl_packing_works(), reason="no MKL packed sgemm in this torch")
 
 
 def greedy_run(kv: LlamaKVModel, ps: list[list[int]], steps: int) -> tuple[list, torch.Tensor]:
@@ -40,35 +42,77 @@ def assert_same(a: LlamaKVModel, b: LlamaKVModel, steps: int = 6) -> None:
         tok_b, logits_b = greedy_run(b, ps, steps)
     assert tok_a == tok_b
     torch.testing.assert_close(
-        logits_a.log_softmax(-1), logits_b.log_softmax(-1), atol=ATOL, rtol=0
+        logits_a.log_softmax(-1), logits_b.log_softmax(-1), atol=ATOL, rtol=RTOL
     )
 
 
+COPIES = [
+    {"fuse": True},
+    pytest.param({"pack": True}, marks=needs_mkl),
+    pytest.param({"fuse": True, "pack": True}, marks=needs_mkl),
+]
+
+
+@pytest.mark.parametrize("copies", COPIES)
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_fused_projections_match_unfused(kind):
+def test_weight_copies_match_the_plain_path(kind, copies):
     model = make_model(kind)
-    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=True)
-    assert fused.fused is not None
-    assert_same(fused, LlamaKVModel(model, max_slots=8, max_seq_len=256))
+    fast = LlamaKVModel(model, max_slots=8, max_seq_len=256, **copies)
+    assert fast.copies is not None and (fast.head is not None) == copies.get("pack", False)
+    assert_same(fast, LlamaKVModel(model, max_slots=8, max_seq_len=256))
 
 
-def test_fused_weights_follow_optimizer_steps_and_replaced_parameters():
-    model = make_model("qwen2")  # q/k/v biases are fused too
-    fused = LlamaKVModel(model, max_slots=8, max_seq_len=256, fuse=True)
+@pytest.mark.parametrize("copies", COPIES)
+def test_weight_copies_follow_optimizer_steps_and_replaced_parameters(copies):
+    model = make_model("qwen2")  # q/k/v biases are copied too
+    fast = LlamaKVModel(model, max_slots=8, max_seq_len=256, **copies)
     plain = LlamaKVModel(model, max_slots=8, max_seq_len=256)
-    assert_same(fused, plain)  # builds the fused copies
+    assert_same(fast, plain)  # builds the copies
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     model(torch.tensor([prompts(1)[0]])).logits.sum().backward()
     opt.step()
-    assert_same(fused, plain)  # the step bumped the weights' version counters
+    assert_same(fast, plain)  # the step bumped the weights' version counters
     other = make_model("qwen2", seed=7).state_dict()
     model.load_state_dict(other, assign=True)  # new tensors replace the parameters
-    assert_same(fused, plain)
+    assert_same(fast, plain)
+    fast.release()  # drops the copies with the cache; the next forward rebuilds them
+    assert_same(fast, plain)
 
 
-async def test_update_behind_version_counter_is_seen_after_sync_weights():
+@needs_mkl
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 63, 64, 65, 256, 300])
+def test_packed_linear_equals_f_linear_at_every_row_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(200, 96, generator=gen), torch.randn(200, generator=gen)
+    x = torch.randn(2, rows, 96, generator=gen)[0]
+    torch.testing.assert_close(
+        PackedLinear(weight, bias)(x),
+        torch.nn.functional.linear(x, weight, bias),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+def test_torch_engine_packs_by_default_and_can_be_told_not_to():
     model = make_model("llama")
-    eng = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu", fuse_projections=True)
+    packed = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu")
+    plain = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu", pack_weights=False)
+    assert isinstance(packed.backend, LlamaKVModel) and isinstance(plain.backend, LlamaKVModel)
+    assert packed.backend.pack == mkl_packing_works() and plain.backend.pack is False
+    sp = SamplingParams(max_tokens=8, temperature=0)
+    a, b = packed.generate_many(prompts(5), sp), plain.generate_many(prompts(5), sp)
+    packed.shutdown(), plain.shutdown()
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=ATOL, rtol=RTOL
+        )
+
+
+@pytest.mark.parametrize("copies", [{"fuse_projections": True}, {"pack_weights": True}])
+async def test_update_behind_version_counter_is_seen_after_sync_weights(copies):
+    model = make_model("llama")
+    eng = TorchEngine(model, TOKENIZER, stop_token_ids=[], device="cpu", **copies)
     p, sp = prompts(1)[0], SamplingParams(max_tokens=10, temperature=0)
     before = await eng.generate(GenerationRequest(prompt_ids=p, sampling=sp))
     reference = copy.deepcopy(model)
