@@ -131,7 +131,7 @@ def test_a_model_user_sees_its_side_and_stays_out_of_the_trajectory(tiny_tokeniz
 def test_bad_users_are_refused_with_the_fix(tiny_tokenizer):
     with pytest.raises(ValueError, match="user must be a function"):
         as_user(42)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="pass the user model's tokenizer"):
+    with pytest.raises(ValueError, match=r"pass the model's tokenizer \(ModelUser"):
         ModelUser(ScriptedEngine(["hi"], tiny_tokenizer), "persona")
     user = ModelUser(ScriptedEngine(["hi"]), "Your order is {order_id}.")
     with pytest.raises(ValueError, match=r"names \{order_id\}, which task 't' lacks"):

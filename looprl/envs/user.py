@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from looprl.engines.base import Engine, GenerationRequest
-from looprl.rendering.renderer import Renderer
+from looprl.rendering.renderer import prompt_renderer
 from looprl.types import Message, SamplingParams, Task
 
 END_MARKER = "###DONE###"
@@ -77,16 +77,13 @@ class ModelUser:
         sampling: SamplingParams | None = None,
         end_marker: str = END_MARKER,
     ) -> None:
-        if engine.token_level and tokenizer is None:
-            raise ValueError(
-                f"the user engine {type(engine).__name__} samples token ids: pass the user "
-                "model's tokenizer (ModelUser(engine, persona, tokenizer=...))"
-            )
         self.engine = engine
         self.persona = persona
         self.sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
         self.end_marker = end_marker
-        self.renderer = Renderer(tokenizer) if tokenizer is not None else None
+        self.renderer = prompt_renderer(
+            engine, tokenizer, "ModelUser(engine, persona, tokenizer=...)"
+        )
 
     @classmethod
     def from_model(

@@ -49,6 +49,7 @@ from typing import Any
 from looprl.engines.base import Engine, GenerationRequest
 from looprl.judge.cache import JudgeCache
 from looprl.kit import final_reply
+from looprl.rendering.renderer import prompt_renderer
 from looprl.types import EpisodeResult, Message, SamplingParams
 
 HARDENED_TEMPLATE = """\
@@ -268,11 +269,6 @@ class JudgeRubric:
         self.template = template or (HARDENED_TEMPLATE if hardened else PLAIN_TEMPLATE)
         _check_template(self.template, hardened)
         _check_limits(scale, max_concurrency, timeout_s, max_retries, backoff_s)
-        if engine.token_level and tokenizer is None:
-            raise ValueError(
-                f"the judge engine {type(engine).__name__} samples token ids: pass the judge "
-                "model's tokenizer (JudgeRubric(engine, tokenizer=...)) to render its prompt"
-            )
         self.__name__ = name
         self.engine = engine
         self.hardened = hardened
@@ -287,11 +283,7 @@ class JudgeRubric:
         self.backoff_s = backoff_s
         self.cache = JudgeCache(cache_size, cache_path, keep=self.parses)
         self.candidate = candidate
-        self._renderer = None
-        if tokenizer is not None:
-            from looprl.rendering.renderer import Renderer
-
-            self._renderer = Renderer(tokenizer)
+        self._renderer = prompt_renderer(engine, tokenizer, "JudgeRubric(engine, tokenizer=...)")
         self._loop_state: _LoopState | None = None
         self.stats: dict[str, int] = dict.fromkeys(
             ("calls", "cache_hits", "retries", "timeouts", "engine_errors", "parse_errors",

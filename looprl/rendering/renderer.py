@@ -235,3 +235,16 @@ def _missing_tail(sampled: str, closing: str) -> str:
         if sampled.endswith(closing[:k]):
             return closing[k:]
     return closing
+
+
+def prompt_renderer(engine: Any, tokenizer: Any, usage: str) -> Renderer | None:
+    """The renderer a side model (a judge, a simulated user) needs for its prompts: one when
+    `tokenizer` is given, None for a message-level engine. A token-level `engine` without a
+    tokenizer is refused with `usage`, the call that passes one (e.g. `JudgeRubric(engine,
+    tokenizer=...)`)."""
+    if engine.token_level and tokenizer is None:
+        raise ValueError(
+            f"{type(engine).__name__} samples token ids: pass the model's tokenizer ({usage}) "
+            "so its prompt can be rendered"
+        )
+    return Renderer(tokenizer) if tokenizer is not None else None
