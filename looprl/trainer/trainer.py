@@ -23,7 +23,7 @@ from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
-from looprl.trainer.batch import samples_from_groups
+from looprl.trainer.batch import StalenessBound, samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
@@ -395,8 +395,9 @@ class Trainer:
         """Advantages and the optimizer update for one batch; returns training metrics."""
         t0 = time.perf_counter()
         max_len = self.sampling.max_tokens * self.env.limits.max_turns
-        samples, adv_stats = samples_from_groups(groups, self.algo, max_len)
-        stats = train_on_batch(self.ctx, samples)
+        bound = StalenessBound(self.step, self.cfg.trainer.staleness_bound)  # trains version step
+        samples, adv_stats = samples_from_groups(groups, self.algo, max_len, bound)
+        stats = train_on_batch(self.ctx, samples, trained_version=self.step)
         return update_metrics({**adv_stats, **stats}, time.perf_counter() - t0)
 
     def _sync(self, version: int) -> dict[str, float]:
