@@ -14,6 +14,7 @@ import asyncio
 import copy
 import threading
 
+import pytest
 import torch
 from test_torch_engine import TOKENIZER, gather, hf_logprobs, make_model, prompts
 
@@ -104,8 +105,11 @@ async def test_a_drained_sync_gives_every_token_of_a_request_one_version() -> No
     first = await eng.generate(GenerationRequest(prompt_ids=prompts(1)[0], sampling=sampling))
     eng.sync_weights(make_model("llama", seed=3), version=4)
     second = await eng.generate(GenerationRequest(prompt_ids=prompts(1)[0], sampling=sampling))
+    with pytest.raises(ValueError, match="lacks"):  # a refused sync moves nothing, blocks nothing
+        eng.sync_weights({"nope": torch.zeros(1)}, version=9)
+    third = await eng.generate(GenerationRequest(prompt_ids=prompts(1)[0], sampling=sampling))
     await eng.close()
-    assert (first.versions, second.versions) == ([0] * 4, [4] * 4)
+    assert (first.versions, second.versions, third.versions) == ([0] * 4, [4] * 4, [4] * 4)
     assert eng.policy_version == 4
 
 

@@ -220,13 +220,13 @@ class TorchEngine:
             self._syncs_waiting += 1  # the worker starts no new step meanwhile
         try:
             with self.weights_lock:
-                self.policy_version = self.policy_version + 1 if version is None else version
                 if state is not None:
-                    copy_weights(self.model, state)
+                    copy_weights(self.model, state)  # checks every name and shape first
                     self._epoch += 1
                     if self._prefix is not None:
                         self._prefix.clear()
                 self.backend.weights_changed()  # updates that bypass autograd's version counter
+                self.policy_version = self.policy_version + 1 if version is None else version
         finally:
             with self._cond:
                 self._syncs_waiting -= 1
