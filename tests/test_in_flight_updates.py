@@ -45,6 +45,24 @@ def old_kv_logprobs(
     return logp.gather(-1, torch.tensor(tokens[switch:])[:, None])[:, 0]
 
 
+class AnnouncedLock:
+    """The engine's weights lock, announcing when a thread other than the worker waits for it
+    (`sync_weights` does so after telling the worker to start no new step)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.sync_waiting = threading.Event()
+
+    def __enter__(self) -> AnnouncedLock:
+        if threading.current_thread().name != "looprl-torch-engine":
+            self.sync_waiting.set()
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def engine_of(model: torch.nn.Module) -> TorchEngine:
     return TorchEngine(
         copy.deepcopy(model), TOKENIZER, max_batch_size=4, stop_token_ids=[], device="cpu"
@@ -74,8 +92,10 @@ async def test_a_sync_mid_decode_swaps_weights_between_two_steps_and_keeps_the_c
     monkeypatch.setattr(eng.backend, "decode", pausing_decode)
     running = asyncio.ensure_future(gather(eng, reqs))
     assert await asyncio.to_thread(reached.wait, 30)
+    lock = AnnouncedLock(eng.weights_lock)
+    monkeypatch.setattr(eng, "weights_lock", lock)  # the paused step holds the lock itself
     syncing = asyncio.ensure_future(asyncio.to_thread(eng.sync_weights, new, version=1))
-    await asyncio.sleep(0.3)  # the sync now waits for the step; no further step may start
+    assert await asyncio.to_thread(lock.sync_waiting.wait, 30)  # no further step may start now
     go.set()
     await syncing
     gens = await running

@@ -392,10 +392,11 @@ class Trainer:
         return tasks
 
     def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
-        """Advantages and the optimizer update for one batch; returns training metrics."""
+        """Advantages and the optimizer update for one batch; returns training metrics. The
+        weights it updates are policy version `self.step`, which `StalenessBound` measures from."""
         t0 = time.perf_counter()
         max_len = self.sampling.max_tokens * self.env.limits.max_turns
-        bound = StalenessBound(self.step, self.cfg.trainer.staleness_bound)  # trains version step
+        bound = StalenessBound(self.step, self.cfg.trainer.staleness_bound)
         samples, adv_stats = samples_from_groups(groups, self.algo, max_len, bound)
         stats = train_on_batch(self.ctx, samples, trained_version=self.step)
         return update_metrics({**adv_stats, **stats}, time.perf_counter() - t0)
