@@ -200,9 +200,10 @@ class Task:
 
 @dataclass
 class Trajectory:
-    """One training segment: flat token ids with per-token mask, sampling logprob and turn index.
+    """One training segment: flat token ids with per-token mask, sampling logprob, turn and version.
 
-    All lists have the same length T. An episode usually has one segment; a chat template that
+    All lists have the same length T (`versions` may be empty: data written before it, read as
+    the episode's `policy_version`). An episode usually has one segment; a chat template that
     rewrites history starts another (see `looprl.rendering.renderer`).
     """
 
@@ -214,20 +215,27 @@ class Trajectory:
     """The sampler's log-probability of each sampled token, 0.0 where mask is 0: (T,)."""
     turns: list[int] = field(default_factory=list)
     """The assistant turn (0-based) each token belongs to or follows: (T,)."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each token, -1 where mask is 0 (and on a sampled token
+    whose engine named none: the episode's `policy_version`): (T,), or empty (unknown)."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def extend(
-        self, ids: list[int], *, sampled: bool, turn: int, logprobs: list[float] | None = None
-    ) -> None:
-        """Append tokens; sampled tokens carry mask 1 and their logprobs, others mask 0."""
+        self, ids: list[int], *, sampled: bool, turn: int, logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:  # fmt: skip
+        """Append tokens: sampled ones with mask 1, logprobs and versions (None: -1), others 0/-1."""
         if sampled and (logprobs is None or len(logprobs) != len(ids)):
             raise ValueError("sampled tokens need one logprob each")
+        if sampled and versions is not None and len(versions) != len(ids):
+            raise ValueError("sampled tokens need one version each (or versions=None)")
         self.token_ids.extend(ids)
         self.mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if sampled and logprobs is not None else [0.0] * len(ids))
         self.turns.extend([turn] * len(ids))
+        self.versions.extend(versions if sampled and versions is not None else [-1] * len(ids))
 
     @property
     def num_sampled(self) -> int:
@@ -235,13 +243,15 @@ class Trajectory:
         return sum(self.mask)
 
     def check(self) -> None:
-        """Raise ValueError if the per-token lists disagree in length or logprobs leak outside the mask."""
+        """Raise ValueError if the per-token lists disagree in length or leak outside the mask."""
         n = len(self.token_ids)
-        if not (len(self.mask) == len(self.logprobs) == len(self.turns) == n):
+        if {len(self.mask), len(self.logprobs), len(self.turns), len(self.versions) or n} != {n}:
             raise ValueError("trajectory lists differ in length")
         for m, lp in zip(self.mask, self.logprobs, strict=True):
             if m == 0 and lp != 0.0:
                 raise ValueError("a logprob is set on a token with mask 0")
+        if any(m == 0 and v != -1 for m, v in zip(self.mask, self.versions, strict=False)):
+            raise ValueError("a version is set on a token with mask 0 (write -1 there)")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -249,7 +259,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict`; a dict without `versions` (written before it) reads as unknown."""
         return cls(**d)
 
 
@@ -364,16 +374,9 @@ class EpisodeResult:
             task=Task.from_dict(d["task"]),
             messages=[Message.from_dict(m) for m in d["messages"]],
             trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
-            reward=d["reward"],
-            rewards=d["rewards"],
-            metrics=d["metrics"],
-            errors=d["errors"],
-            tool_errors=d["tool_errors"],
+            **{k: d[k] for k in ("reward", "rewards", "metrics", "errors", "tool_errors")},
             tool_outcomes=[ToolOutcome.from_dict(o) for o in d.get("tool_outcomes", [])],
-            num_turns=d["num_turns"],
-            num_tool_calls=d["num_tool_calls"],
-            truncated=d["truncated"],
-            stop_reason=d["stop_reason"],
+            **{k: d[k] for k in ("num_turns", "num_tool_calls", "truncated", "stop_reason")},
             timings=d["timings"],
             rollout_index=d.get("rollout_index", 0),
             state=d.get("state", {}),
@@ -439,6 +442,9 @@ class Generation:
     completion_tokens: int | None = None
     """Sampled tokens as the server counted them (`usage`); None when unknown. Token-level
     engines' own count is `len(token_ids)`."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version whose weights sampled each token of `token_ids` (one per token); empty
+    when the engine does not track it (one version, the episode's `policy_version`, sampled all)."""
 
 
 class Summary(TypedDict):

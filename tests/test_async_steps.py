@@ -66,6 +66,9 @@ def test_async_runs_stay_within_k_and_resume_exactly(tmp_path, monkeypatch, k) -
         min(2, k),
     ]
     assert all(r["rollout/stale_dropped"] == 0 for r in full)
+    # every token records the version that sampled it: one version per batch here, none too stale
+    assert [r["async/staleness_mean"] for r in full] == [r["rollout/staleness"] for r in full]
+    assert all(r["async/tokens_too_stale"] == 0 == r["async/episodes_too_stale"] for r in full)
 
     original = Trainer._save_rollouts
 

@@ -110,6 +110,7 @@ def test_shared_placement_samples_the_trainers_own_tensors(model) -> None:
         assert (placement.kind, placement.shares_weights, placement.main_only) == (
             "shared", True, False,
         )  # fmt: skip
+        assert not placement.in_flight_updates  # the optimizer rewrites the sampled tensors
         engine_model = placement.engine.model  # type: ignore[attr-defined]
         ptrs = {p.data_ptr() for p in net.parameters()}
         assert {p.data_ptr() for p in engine_model.parameters()} == ptrs  # the same tensors
@@ -129,6 +130,7 @@ def test_a_copy_samples_the_new_weights_only_after_sync(model) -> None:
     placement = make_placement(net, tok, EngineSection(), generate_ahead=True)
     try:
         assert (placement.kind, placement.shares_weights) == ("copy", False)
+        assert placement.in_flight_updates  # its own copy: a sync may land between decode steps
         before = model_logprob(net, first_token(placement)[0])
         perturb(net)
         token, stale = first_token(placement)  # still the old weights

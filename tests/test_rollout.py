@@ -248,3 +248,43 @@ async def test_tool_outcomes_are_recorded_on_the_episode(env, tiny_tokenizer):
         False,
     )
     assert EpisodeResult.from_json(ep.to_json()).tool_outcomes == ep.tool_outcomes
+
+
+class VersionedEngine(ScriptedEngine):
+    """The scripted solver as a trainable engine at `policy_version` 3; with `per_token` it
+    reports each token's version itself (7), as an engine with in-flight updates does."""
+
+    def __init__(self, tokenizer, *, per_token: bool) -> None:
+        super().__init__(solver, tokenizer)
+        self.policy_version = 3
+        self.per_token = per_token
+
+    def sync_weights(self, weights, *, version=None) -> None:
+        self.policy_version = version
+
+    async def generate(self, request: GenerationRequest):
+        gen = await super().generate(request)
+        if self.per_token:
+            gen.versions = [7] * len(gen.token_ids)
+        return gen
+
+
+@pytest.mark.parametrize(
+    ("engine_kind", "sampled_version"), [("scripted", -1), ("trainable", 3), ("per_token", 7)]
+)
+async def test_sampled_tokens_record_their_policy_version(
+    env, tiny_tokenizer, engine_kind, sampled_version
+):
+    engine = (
+        ScriptedEngine(solver, tiny_tokenizer)
+        if engine_kind == "scripted"
+        else VersionedEngine(tiny_tokenizer, per_token=engine_kind == "per_token")
+    )
+    task = env.get_tasks("eval", 1, seed=3)[0]
+    [ep] = await run_group(
+        env, engine, task, 1, renderer=Renderer(tiny_tokenizer, env.tool_schemas)
+    )
+    seg = ep.trajectories[0]
+    seg.check()
+    assert ep.num_turns == 2 and seg.num_sampled > 0
+    assert seg.versions == [sampled_version if m else -1 for m in seg.mask]

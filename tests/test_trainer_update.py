@@ -20,6 +20,7 @@ from looprl.algorithms.logprobs import (
     logprobs_from_logits,
 )
 from looprl.algorithms.presets import resolve_algorithm
+from looprl.algorithms.staleness import logprob_gap_by_lag, token_lags
 from looprl.models import forward as F
 from looprl.trainer import batch as B
 from looprl.trainer import update as U
@@ -140,3 +141,35 @@ def test_kl_keeps_every_sample():
     algo = resolve_algorithm("grpo", kl_coef=0.1)
     data = samples(6)
     assert U._with_gradient(algo, data) == data
+
+
+def _context(model: torch.nn.Module) -> U.UpdateContext:
+    optim = OptimSection(lr=1e-2)
+    opt = make_optimizer(model, None, optim)
+    return U.UpdateContext(
+        model=model, optimizer=opt, scheduler=make_scheduler(opt, optim, 4),
+        algo=resolve_algorithm("grpo"), pad_id=0, device=torch.device("cpu"), temperature=1.0,
+        micro_batch_tokens=64, grad_clip=1.0,
+    )  # fmt: skip
+
+
+def test_the_logprob_gap_per_version_lag_comes_from_the_first_forward_and_changes_nothing():
+    data = samples(9, zero_every=100)[1:]  # every sample moves the weights (the first would not)
+    for i, s in enumerate(data):  # sample i was sampled by version 5 - i % 4: lags 0, 1, 2, 3
+        s.versions = [5 - i % 4 if m else -1 for m in s.mask]
+    model, plain = small_model(), small_model()
+    batch = B.collate(data, 0, "cpu")
+    with torch.no_grad():  # the weights the update starts from: version 5
+        tensors = (batch.input_ids, batch.attention_mask, batch.targets, batch.loss_mask)
+        before = F.forward_logprobs(model, *tensors, 1.0).logprobs  # (B, T-1)
+    assert batch.versions is not None
+    lags = token_lags(batch.versions, 5)
+    expected = logprob_gap_by_lag(before, batch.sampler_logprobs, lags, batch.loss_mask)
+    assert sorted(expected) == ["0", "1", "2", "3plus"]
+    stats = U.train_on_batch(_context(model), data, trained_version=5)
+    for bucket, (gap, _tokens) in expected.items():
+        assert stats[f"async/logprob_gap_lag{bucket}"] == pytest.approx(gap, rel=1e-5)
+    without = U.train_on_batch(_context(plain), data)  # no version: no gap metrics, same step
+    assert without == {k: v for k, v in stats.items() if not k.startswith("async/")}
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(a, b)

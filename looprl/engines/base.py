@@ -66,9 +66,14 @@ class TrainableEngine(Engine, Protocol):
     from the trainer's own tensors, which the optimizer already changed in place. The trainer
     never needs to know which engine it drives. An engine that hot-loads LoRA adapters is an
     `AdapterEngine` as well.
+
+    `in_flight_updates` says whether `sync_weights` (and `load_adapter`) may be called while
+    requests are in flight: tokens sampled after the call returns carry the new version, in
+    `Generation.versions`, and the requests go on. False: the trainer drains the engine first.
     """
 
     policy_version: int
+    in_flight_updates: bool
 
     def sync_weights(
         self, weights: Mapping[str, torch.Tensor] | None, *, version: int | None = None

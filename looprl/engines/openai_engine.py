@@ -58,6 +58,8 @@ class OpenAIEngine:
     and malformed tool calls.
     """
 
+    in_flight_updates = False  # it takes no weight updates at all
+
     def __init__(
         self,
         base_url: str,

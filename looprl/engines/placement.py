@@ -24,6 +24,12 @@ allocates the slots again). Servers keep their memory, in their own processes.
 `shares_weights` is True when the sampler holds the trainer's very values (`shared`, and `copy`
 under FSDP with full weights, on-policy): then pi_trainer / pi_sampler = 1 and truncated
 importance sampling would be the identity. `main_only` is True when rank 0 alone generates.
+
+`in_flight_updates` is True when `sync` may run while episodes are still generating (no drain):
+their requests go on under the new weights and each token records the version that sampled it.
+That holds where the engine can take weights mid-request (`TorchEngine`: `copy`) and not for
+`shared`, whose optimizer step rewrites the very tensors the engine samples from; `servers` and
+`adapters` follow their engine's `in_flight_updates`; a `follower` samples nothing (False).
 """
 
 from __future__ import annotations
@@ -92,6 +98,11 @@ class Placement(ABC):
         """The model rank 0 exports at the end: the trained one (the export merges LoRA)."""
         return model
 
+    @property
+    def in_flight_updates(self) -> bool:
+        """Whether `sync` may run while episodes generate, without draining first (module doc)."""
+        return self.engine.in_flight_updates
+
     def release_idle_memory(self) -> None:
         """Nothing generates until the next batch: free what the sampler holds only for
         generating (module doc). Nothing to free here: servers hold theirs in their own processes."""
@@ -115,6 +126,11 @@ class SharedPlacement(InProcessPlacement):
     """The torch engine samples from the trainer's own tensors: an optimizer step is already its."""
 
     kind = "shared"
+
+    @property
+    def in_flight_updates(self) -> bool:
+        """Never: the optimizer step rewrites the tensors the engine samples from (drain first)."""
+        return False
 
     def _send(self, model: nn.Module, version: int) -> None:
         self.engine.sync_weights(None, version=version)  # only the version moves
@@ -190,6 +206,7 @@ class FollowerEngine:
     (rank 0 hands every rank the batch) and only follows the policy version."""
 
     token_level = True
+    in_flight_updates = False  # it samples nothing; rank 0's placement decides
 
     def __init__(self) -> None:
         self.policy_version = 0

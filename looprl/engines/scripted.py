@@ -21,6 +21,8 @@ class ScriptedEngine:
     the fixed `logprob`, exactly as a sampler would return them.
     """
 
+    in_flight_updates = False  # it takes no weight updates at all
+
     def __init__(
         self,
         script: Script,

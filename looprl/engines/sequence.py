@@ -28,6 +28,7 @@ class SequenceState:
     started: float = field(default_factory=time.perf_counter)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version that sampled each token
     cache_len: int = 0  # positions of this sequence held in the KV cache
     cancelled: bool = False
     answered: bool = False

@@ -12,9 +12,16 @@ Weights, two modes:
   next step (with `fuse_projections`, the fused q/k/v and gate/up copies are rebuilt when a weight's
   version counter moves; after an update through `.data` call `sync_weights(None)`). Update
   weights only while nothing is generating, or hold `engine.weights_lock` meanwhile.
-- separate copy (asynchronous one-step-ahead training): give the engine its own copy of the model
-  and call `engine.sync_weights(trainer_model)` when the trainer has finished a step; the copy
-  waits for the current decoding step, then overwrites the engine's parameters in place.
+- separate copy (asynchronous training): give the engine its own copy of the model and call
+  `engine.sync_weights(trainer_model)` when the trainer has finished a step; the copy waits for
+  the current decoding step, then overwrites the engine's parameters in place.
+
+In-flight updates (`in_flight_updates = True`): `sync_weights` may be called while requests
+decode. The worker starts no further step once a sync is waiting, so the swap lands between two
+steps; running sequences keep their keys/values (computed by the old weights) and sample their
+next tokens with the new ones, as PipelineRL's in-flight updates do. Each token records the
+version that sampled it (`Generation.versions`); the prefix cache is emptied and a sequence that
+spans a swap is not cached when it finishes.
 
 Multi-turn rollouts: when a sequence finishes, its keys/values go into a prefix cache
 (`looprl.engines.prefix_cache`); a later prompt that extends it (the same conversation plus the
@@ -54,6 +61,7 @@ from looprl.engines.prefix_cache import PrefixCache, PrefixEntry, shared_prefix_
 from looprl.engines.sampling import sample
 from looprl.engines.sequence import EngineStats, SequenceState, check_request, default_stop_ids
 from looprl.engines.threads import torch_threads
+from looprl.models.weights import copy_weights
 from looprl.types import FinishReason, Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -101,6 +109,7 @@ class TorchEngine:
     """
 
     token_level = True
+    in_flight_updates = True  # sync_weights may run while requests decode (module doc)
 
     def __init__(
         self,
@@ -150,6 +159,7 @@ class TorchEngine:
         self._closed = False
         self._arrivals = 0
         self._epoch = 0  # bumped whenever the weights change
+        self._syncs_waiting = 0  # sync_weights calls waiting for the step to end (under _cond)
         self._prefix = (
             PrefixCache(prefix_cache_mb * 2**20)
             if prefix_cache_mb > 0 and self.backend.supports_prefix
@@ -203,37 +213,29 @@ class TorchEngine:
     ) -> None:
         """Copy parameters from `source` (a model or state dict with the same names) into the engine's model.
 
-        Waits for the current decoding step; later steps use the new weights. `source=None`
-        means the engine samples from the trainer's own tensors, already updated in place (the
-        prefix cache notices by fingerprint): `policy_version` moves and the fast path rebuilds its
-        fused q/k/v and gate/up weights before the next step. `version` defaults to
-        the current version plus one.
+        Waits for the current decoding step (requests in flight go on with the new weights, see
+        the module doc); later steps use the new weights and record `version` on the tokens they
+        sample. `source=None` means the engine samples from the trainer's own tensors, already
+        updated in place (the prefix cache notices by fingerprint): `policy_version` moves and the
+        fast path rebuilds its fused q/k/v and gate/up weights before the next step. `version`
+        defaults to the current version plus one.
         """
-        self.policy_version = self.policy_version + 1 if version is None else version
-        if source is None:
-            with self.weights_lock:  # updates that bypass autograd's version counter, too
-                self.backend.weights_changed()
-            return
         state = source.state_dict() if isinstance(source, nn.Module) else source
-        targets = dict(self.model.named_parameters())
-        missing = [name for name in targets if name not in state]
-        if missing:
-            raise ValueError(
-                f"sync_weights: source lacks {len(missing)} parameters (first: {missing[:3]}); pass "
-                "the unwrapped model (not a DDP/compiled/PEFT wrapper) or merge adapters first"
-            )
-        with self.weights_lock, torch.no_grad():
-            for name, param in targets.items():
-                src = state[name]
-                if src.shape != param.shape:
-                    raise ValueError(
-                        f"sync_weights: {name} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
-                    )
-                param.copy_(src)
-            self.backend.weights_changed()
-            self._epoch += 1
-            if self._prefix is not None:
-                self._prefix.clear()
+        with self._cond:
+            self._syncs_waiting += 1  # the worker starts no new step meanwhile
+        try:
+            with self.weights_lock:
+                if state is not None:
+                    copy_weights(self.model, state)  # checks every name and shape first
+                    self._epoch += 1
+                    if self._prefix is not None:
+                        self._prefix.clear()
+                self.backend.weights_changed()  # updates that bypass autograd's version counter
+                self.policy_version = self.policy_version + 1 if version is None else version
+        finally:
+            with self._cond:
+                self._syncs_waiting -= 1
+                self._cond.notify_all()
 
     def release_memory(self) -> bool:
         """Free the KV cache if nothing is generating (e.g. during a training step); True if freed."""
@@ -289,7 +291,7 @@ class TorchEngine:
     def _next_admissions(self) -> list[SequenceState] | None:
         """Block until there is work; return the waiting requests that fit (None when closing)."""
         with self._cond:
-            while not self._closed and not self._waiting and not self._active:
+            while not self._closed and (self._syncs_waiting or not (self._waiting or self._active)):
                 self._cond.wait()
             if self._closed:
                 return None
@@ -426,6 +428,7 @@ class TorchEngine:
         for offset, (s, tok, lp) in enumerate(zip(seqs, tokens, logprobs, strict=True)):
             s.tokens.append(tok)
             s.logprobs.append(lp)
+            s.versions.append(self.policy_version)  # set with the weights, under weights_lock
             self.stats.generated_tokens += 1
             reason = self._finish_reason(s)
             if reason is not None:
@@ -470,7 +473,13 @@ class TorchEngine:
             )
             return
         seq.answer(
-            Generation(text=text, token_ids=seq.tokens, logprobs=seq.logprobs, finish_reason=reason)
+            Generation(
+                text=text,
+                token_ids=seq.tokens,
+                logprobs=seq.logprobs,
+                finish_reason=reason,
+                versions=seq.versions,
+            )  # fmt: skip
         )
 
     def _drop_cancelled(self) -> None:

@@ -54,6 +54,7 @@ class VLLMEngine:
     """
 
     token_level = True
+    in_flight_updates = False  # sync_weights restarts or reloads the servers: drain them first
 
     def __init__(
         self,

@@ -110,3 +110,27 @@ def save_base(model: torch.nn.Module, tokenizer: Any, directory: str | Path) -> 
         base: Any = model.get_base_model()  # type: ignore[operator]
         base.save_pretrained(directory, state_dict=base_weights(model))
     tokenizer.save_pretrained(directory)
+
+
+def copy_weights(model: torch.nn.Module, state: Any) -> None:
+    """Overwrite `model`'s parameters in place with `state`'s tensors of the same names and shapes.
+
+    Raises ValueError naming the first missing parameter or mismatched shape (and the fix);
+    nothing is copied then.
+    """
+    targets = dict(model.named_parameters())
+    missing = [name for name in targets if name not in state]
+    if missing:
+        raise ValueError(
+            f"sync_weights: source lacks {len(missing)} parameters (first: {missing[:3]}); pass "
+            "the unwrapped model (not a DDP/compiled/PEFT wrapper) or merge adapters first"
+        )
+    for name, param in targets.items():
+        if state[name].shape != param.shape:
+            raise ValueError(
+                f"sync_weights: {name} has shape {tuple(state[name].shape)}, expected "
+                f"{tuple(param.shape)}"
+            )
+    with torch.no_grad():
+        for name, param in targets.items():
+            param.copy_(state[name])

@@ -130,7 +130,7 @@ def _transcript(
     """Token-exact when the engine samples token ids and a renderer is given; else messages."""
     limit = env.limits.max_context_tokens
     if engine.token_level and renderer is not None:
-        return TokenTranscript(result, env.tool_schemas, limit, renderer)
+        return TokenTranscript(result, env.tool_schemas, limit, renderer, engine)
     return MessageTranscript(result, env.tool_schemas, limit)
 
 

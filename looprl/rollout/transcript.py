@@ -4,15 +4,19 @@ The rollout loop is the same for every engine; what differs is what it appends t
 `TokenTranscript` keeps the flat token ids of the current training segment: the prompt
 rendered once, the sampled ids exactly as sampled, and each environment turn appended through
 the renderer (glue and suffix, mask 0), starting a new segment where the template rewrites
-history. A `MessageTranscript` keeps messages only, for engines that take messages and return
-text (hosted chat APIs); it has no token accounting.
+history. Each sampled token keeps the policy version that sampled it: the engine's own per-token
+`Generation.versions` when it reports them, else the `policy_version` of a `TrainableEngine` as
+the request was made (an engine that cannot update weights mid-request samples a whole turn on
+it), else -1 (an engine of no version, e.g. scripted). A `MessageTranscript` keeps messages
+only, for engines that take messages and return text (hosted chat APIs); it has no token
+accounting.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from looprl.engines.base import GenerationRequest
+from looprl.engines.base import Engine, GenerationRequest, TrainableEngine
 from looprl.rendering.renderer import Renderer
 from looprl.types import EpisodeResult, Generation, Message, SamplingParams, Trajectory
 
@@ -83,11 +87,14 @@ class TokenTranscript:
         tools: list[dict[str, Any]],
         max_context: int,
         renderer: Renderer,
+        engine: Engine | None = None,
     ) -> None:
         self.result = result
         self.tools = tools
         self.max_context = max_context
         self.renderer = renderer
+        self.engine = engine
+        self._version: int | None = None  # the engine's policy_version at the last request
         self.segment = Trajectory()
         self.segment.extend(renderer.prompt_ids(result.messages, tools), sampled=False, turn=0)
         result.trajectories.append(self.segment)
@@ -99,6 +106,8 @@ class TokenTranscript:
 
     def request(self, sampling: SamplingParams) -> GenerationRequest:
         """The exact prompt ids (and the messages, for engines that log them)."""
+        engine = self.engine
+        self._version = engine.policy_version if isinstance(engine, TrainableEngine) else None
         return GenerationRequest(
             prompt_ids=list(self.segment.token_ids),
             messages=list(self.result.messages),
@@ -108,8 +117,12 @@ class TokenTranscript:
         )
 
     def add_sampled(self, gen: Generation, turn: int) -> str:
-        """Append the sampled ids with their logprobs (mask 1); decode them for the parser."""
-        self.segment.extend(gen.token_ids, sampled=True, turn=turn, logprobs=gen.logprobs)
+        """Append the sampled ids, logprobs and versions (mask 1); decode them for the parser."""
+        asked = -1 if self._version is None else self._version
+        versions = gen.versions or [asked] * len(gen.token_ids)
+        self.segment.extend(
+            gen.token_ids, sampled=True, turn=turn, logprobs=gen.logprobs, versions=versions
+        )
         self._sampled = gen.token_ids
         return self.renderer.decode(gen.token_ids)
 

@@ -9,30 +9,70 @@ tree, so a group's prompt and every common earlier turn is forwarded once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import torch
 
 from looprl.algorithms.objective import group_advantages
 from looprl.algorithms.presets import AlgorithmConfig
+from looprl.algorithms.staleness import staleness_stats, token_lags, within_bound
 from looprl.models.forward import Packed
-from looprl.types import EpisodeResult
+from looprl.types import EpisodeResult, Trajectory
 
 
 @dataclass
 class Sample:
-    """One training sequence (an episode segment) with its sequence-level advantage."""
+    """One training sequence (an episode segment) with its sequence-level advantage.
+
+    `sampler_logprobs` are each token's behaviour logprobs, as its sampler recorded them;
+    `versions` the policy version that sampled each token (-1 where mask is 0, or unknown; empty:
+    not tracked), as `sample_versions` reads them off the episode.
+    """
 
     token_ids: list[int]
     mask: list[int]
     sampler_logprobs: list[float]
     advantage: float
     reward: float
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StalenessBound:
+    """Which tokens an update may train on: those sampled at most `max_staleness` versions
+    before `trained_version`, the version of the weights the update starts from."""
+
+    trained_version: int
+    max_staleness: int
+
+    def lags(self, versions: list[int]) -> torch.Tensor:
+        """Each token's lag behind `trained_version` (`looprl.algorithms.staleness`): (T,)."""
+        return token_lags(torch.tensor(versions, dtype=torch.long), self.trained_version)
+
+    def all_stale(self, ep: EpisodeResult) -> bool:
+        """Whether every sampled token of `ep` lags more than `max_staleness` (it is dropped)."""
+        kept = 0.0
+        for seg in ep.trajectories:
+            mask = torch.tensor(seg.mask, dtype=torch.float32)  # (T,)
+            lags = self.lags(sample_versions(seg, ep))  # (T,)
+            kept += float(within_bound(lags, mask, self.max_staleness).sum())
+        return kept == 0 and any(seg.num_sampled for seg in ep.trajectories)
+
+
+def sample_versions(seg: Trajectory, ep: EpisodeResult) -> list[int]:
+    """Each token's sampling version: the segment's own, where it has none (data written before
+    per-token versions, an engine that named none) the episode's `policy_version`; -1 off the mask."""
+    episode = -1 if ep.policy_version is None else ep.policy_version
+    versions = seg.versions or [-1] * len(seg.token_ids)
+    return [(episode if v < 0 else v) if m else -1 for m, v in zip(seg.mask, versions, strict=True)]
 
 
 def samples_from_groups(
-    groups: list[list[EpisodeResult]], algo: AlgorithmConfig, max_len: int
+    groups: list[list[EpisodeResult]],
+    algo: AlgorithmConfig,
+    max_len: int,
+    bound: StalenessBound | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Samples from every trainable episode, with advantages computed within its group.
 
@@ -43,8 +83,14 @@ def samples_from_groups(
     episodes are scored on their own, the complete ones together (batch whitening sees those).
     For the token-level GAE estimator (PPO) the advantage here is 0; the update computes it
     from the value head. `max_len` is the per-episode generation budget for overlong shaping.
+
+    With `bound`, an episode whose sampled tokens all lag more than `bound.max_staleness` is left
+    out like an errored one (`async/episodes_too_stale`, its tokens in `async/tokens_too_stale`),
+    and the other samples' too-stale tokens are masked out of the loss (`bound_staleness`).
     """
     usable = [[ep for ep in g if ep.trainable] for g in groups]
+    stale = [ep for g in usable for ep in g if bound is not None and bound.all_stale(ep)]
+    usable = [[ep for ep in g if all(ep is not x for x in stale)] for g in usable]
     usable = [g for g in usable if len(g) >= 2]
     by_size: dict[int, list[list[EpisodeResult]]] = {}
     for g in usable:
@@ -76,9 +122,49 @@ def samples_from_groups(
                     if seg.num_sampled:
                         reward = float(res.rewards[n, k])
                         samples.append(
-                            Sample(seg.token_ids, seg.mask, seg.logprobs, float(adv[n, k]), reward)
-                        )
-    return samples, stats
+                            Sample(
+                                seg.token_ids, seg.mask, seg.logprobs, float(adv[n, k]), reward,
+                                versions=sample_versions(seg, ep),
+                            )
+                        )  # fmt: skip
+    if bound is None:
+        return samples, stats
+    samples, async_stats = bound_staleness(samples, bound)
+    async_stats["async/episodes_too_stale"] = float(len(stale))
+    async_stats["async/tokens_too_stale"] += float(
+        sum(seg.num_sampled for ep in stale for seg in ep.trajectories)
+    )
+    return samples, {**stats, **async_stats}
+
+
+def bound_staleness(
+    samples: list[Sample], bound: StalenessBound
+) -> tuple[list[Sample], dict[str, float]]:
+    """The samples with their too-stale tokens masked out (a sample left with none is dropped),
+    and the staleness of their sampled tokens: `async/staleness_mean`, `_max`, `_frac_lag<b>`
+    (`looprl.algorithms.staleness.staleness_stats`) and `async/tokens_too_stale`.
+
+    A sample with nothing masked is kept as it is, so a batch within the bound trains exactly as
+    without one.
+    """
+    kept: list[Sample] = []
+    lags, masks = [], []
+    too_stale = 0.0
+    for s in samples:
+        lag = bound.lags(s.versions or [-1] * len(s.token_ids))  # (T,), unknown: lag 0
+        mask = torch.tensor(s.mask, dtype=torch.float32)  # (T,)
+        within = within_bound(lag, mask, bound.max_staleness)  # (T,)
+        dropped = float(mask.sum() - within.sum())
+        too_stale += dropped
+        lags.append(lag)
+        masks.append(mask)
+        if not dropped:
+            kept.append(s)
+        elif within.sum() > 0:
+            kept.append(replace(s, mask=[int(x) for x in within.tolist()]))
+    stats = staleness_stats(torch.cat(lags), torch.cat(masks)) if samples else {}
+    out = {f"async/{key}": value for key, value in stats.items()}
+    return kept, {**out, "async/tokens_too_stale": too_stale}
 
 
 class Tokens(Protocol):
@@ -261,6 +347,7 @@ class Batch:
     advantages: torch.Tensor
     rewards: torch.Tensor
     packed: Packed | None = None  # the samples as one prefix tree, forwarded instead of input_ids
+    versions: torch.Tensor | None = None  # (B, T-1) sampling version per target, -1: off/unknown
 
     @property
     def positions(self) -> int:
@@ -284,9 +371,12 @@ def collate(
         packed = Packed(*(t.to(device) for t in tree))
     ids, attn, mask = pad_right(samples, pad_id)  # (B, T) each
     b, t_max = ids.shape
-    lps = torch.zeros((b, t_max), dtype=torch.float32)
+    lps = torch.zeros((b, t_max), dtype=torch.float32)  # (B, T)
+    versions = torch.full((b, t_max), -1, dtype=torch.long)  # (B, T)
     for i, s in enumerate(samples):
         lps[i, : len(s.token_ids)] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+        if s.versions:
+            versions[i, : len(s.token_ids)] = torch.tensor(s.versions, dtype=torch.long)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)[:, None].expand(
         b, t_max - 1
     )
@@ -299,4 +389,5 @@ def collate(
         advantages=adv.contiguous().to(device),  # (B, T-1)
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
         packed=packed,
+        versions=versions[:, 1:].to(device),  # (B, T-1)
     )

@@ -203,6 +203,13 @@ class TrainerSection(_Section):
         "trains (0 = on-policy; 1 = one step ahead); samples carry their "
         "policy version and older than k are dropped",
     )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="per-token staleness bound: tokens sampled more than this many updates before "
+        "the trained policy are masked out of the loss, an episode left with none is dropped "
+        "(unset: max_async_steps; AReaL's bound, per token)",
+    )
     eval_every: int = Field(
         10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
     )
@@ -251,6 +258,11 @@ class TrainerSection(_Section):
     @classmethod
     def _a_metric_key(cls, v: str | None) -> str | None:
         return None if v is None else check_metric_name(v)
+
+    @property
+    def staleness_bound(self) -> int:
+        """The per-token staleness bound in force: `max_staleness`, else `max_async_steps`."""
+        return self.max_async_steps if self.max_staleness is None else self.max_staleness
 
 
 class RunSection(_Section):

@@ -7,7 +7,8 @@ that a real run emits nothing else and that docs/metrics.md lists exactly these 
 Each key lives in a namespace saying where it comes from: `reward/` and `env/` (the batch's
 rewards), `rollout/` (its episodes), `loss/` (the terms of the objective), `policy/` (how the
 policy moved: KL, entropy, clipping, ratios, the sampler/trainer gap), `value/` (PPO's critic),
-`train/` (the optimizer step and the batch it trained on), `time/`, `eval/` (held-out
+`train/` (the optimizer step and the batch it trained on), `async/` (each trained token's
+policy version: its staleness and logprob gap per version lag), `time/`, `eval/` (held-out
 evaluation) and `monitor/` (the reward-hacking monitors' 0/1 flags, nothing else). `step` and
 `wall_time` are the logger's own.
 
@@ -41,6 +42,13 @@ METRICS: dict[str, str] = {
     # bounded-staleness async (trainer.max_async_steps)
     "rollout/staleness": "updates between the policy that sampled the batch and the one it trains",
     "rollout/stale_dropped": "episodes dropped as staler than max_async_steps",
+    # per-token policy versions (looprl.algorithms.staleness, trainer.max_staleness)
+    "async/staleness_mean": "mean updates between each sampled token's policy and the trained one",
+    "async/staleness_max": "the largest of those lags",
+    "async/staleness_frac_lag<k>": "fraction of sampled tokens whose lag is k (0, 1, 2; 3plus: 3 or more)",
+    "async/tokens_too_stale": "sampled tokens masked out of the loss as staler than max_staleness",
+    "async/episodes_too_stale": "episodes dropped because every sampled token was too stale",
+    "async/logprob_gap_lag<k>": "mean absolute trainer - sampler logprob gap of trained tokens of lag k (0, 1, 2, 3plus)",
     # the update (looprl.trainer.update, looprl.algorithms.objective)
     "loss/total": "total loss, averaged over micro-batches",
     "loss/pg": "the policy-gradient term of it",
@@ -208,16 +216,16 @@ def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
 def update_metrics(stats: Mapping[str, float], seconds: float) -> dict[str, float]:
     """The metrics of an update: its statistics (short names) under their keys, time, throughput.
 
-    A statistic `OLD_NAMES` does not know is refused, so a new one cannot reach `metrics.jsonl`
-    without a declared name.
+    A statistic already under a declared key (`async/...`) keeps it; any other that `OLD_NAMES`
+    does not know is refused, so a new one cannot reach `metrics.jsonl` without a declared name.
     """
-    unknown = sorted(set(stats) - set(OLD_NAMES))
+    unknown = sorted(k for k in stats if k not in OLD_NAMES and not declared(k))
     if unknown:
         raise ValueError(
             f"update statistics {unknown} have no metric key: add each to OLD_NAMES and METRICS "
             "in looprl/trainer/metrics.py (and docs/metrics.md)"
         )
-    out = {OLD_NAMES[k]: v for k, v in stats.items()}
+    out = {OLD_NAMES.get(k, k): v for k, v in stats.items()}
     out["time/train"] = seconds
     # tokens that went through forward and backward (zero-advantage samples are skipped)
     out["train/tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)

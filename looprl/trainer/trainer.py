@@ -23,7 +23,7 @@ from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
-from looprl.trainer.batch import samples_from_groups
+from looprl.trainer.batch import StalenessBound, samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
@@ -392,11 +392,13 @@ class Trainer:
         return tasks
 
     def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
-        """Advantages and the optimizer update for one batch; returns training metrics."""
+        """Advantages and the optimizer update for one batch; returns training metrics. The
+        weights it updates are policy version `self.step`, which `StalenessBound` measures from."""
         t0 = time.perf_counter()
         max_len = self.sampling.max_tokens * self.env.limits.max_turns
-        samples, adv_stats = samples_from_groups(groups, self.algo, max_len)
-        stats = train_on_batch(self.ctx, samples)
+        bound = StalenessBound(self.step, self.cfg.trainer.staleness_bound)
+        samples, adv_stats = samples_from_groups(groups, self.algo, max_len, bound)
+        stats = train_on_batch(self.ctx, samples, trained_version=self.step)
         return update_metrics({**adv_stats, **stats}, time.perf_counter() - t0)
 
     def _sync(self, version: int) -> dict[str, float]:

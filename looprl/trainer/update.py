@@ -19,6 +19,7 @@ from looprl.algorithms.advantages import gae, terminal_rewards
 from looprl.algorithms.aggregation import batch_normalizer
 from looprl.algorithms.objective import LOSS_TERMS, policy_objective
 from looprl.algorithms.presets import AlgorithmConfig
+from looprl.algorithms.staleness import logprob_gap_by_lag, token_lags
 from looprl.models.forward import TokenScores, forward_logprobs
 from looprl.trainer import distributed as D
 from looprl.trainer.batch import Batch, Sample, collate, micro_batches, prefix_micro_batches
@@ -209,8 +210,15 @@ class StatsAccumulator:
         return {k: total / self.weights[k] for k, total in self.sums.items() if self.weights[k] > 0}
 
 
-def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float]:
-    """Run `updates_per_batch` optimizer steps over the samples; returns averaged statistics."""
+def train_on_batch(
+    ctx: UpdateContext, samples: list[Sample], trained_version: int | None = None
+) -> dict[str, float]:
+    """Run `updates_per_batch` optimizer steps over the samples; returns averaged statistics.
+
+    With `trained_version` (the policy version of the weights being updated) the first forward
+    also gives `async/logprob_gap_lag<b>`: mean |trainer - sampler logprob| over the trained
+    tokens of each version lag (`_add_lag_gaps`; no extra forward).
+    """
     if not samples:
         return {"skipped": 1.0}
     algo, value_head = ctx.algo, ctx.value_head
@@ -226,7 +234,7 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
     acc = StatsAccumulator(steps=ctx.algo.updates_per_batch)
     grad_norms: list[float] = []
     nonfinite = 0
-    for _epoch in range(ctx.algo.updates_per_batch):
+    for epoch in range(ctx.algo.updates_per_batch):
         ctx.optimizer.zero_grad(set_to_none=True)
         loss_finite = True
         for p in prepared:
@@ -256,6 +264,8 @@ def train_on_batch(ctx: UpdateContext, samples: list[Sample]) -> dict[str, float
             loss.backward()  # gradients accumulate over the micro-batches
             if not p.padding:
                 acc.add_micro_batch({**stats, **_advantage_stats(p.batch)})
+                if epoch == 0 and trained_version is not None:
+                    _add_lag_gaps(acc, p.batch, new.logprobs, trained_version)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)  # global under FSDP
         # every rank skips together: the norm is global, a local loss is shared by max
         if D.max_over_ranks(ctx.dist, int(not loss_finite)) or not torch.isfinite(grad_norm):
@@ -305,3 +315,16 @@ def _advantage_stats(batch: Batch) -> dict[str, float]:
     if not adv.numel():
         return {}
     return {"adv_mean": float(adv.mean()), "adv_abs_mean": float(adv.abs().mean())}
+
+
+def _add_lag_gaps(
+    acc: StatsAccumulator, batch: Batch, logprobs: torch.Tensor, trained_version: int
+) -> None:
+    """Add the micro-batch's logprob gap per version lag (`looprl.algorithms.staleness`), from
+    the logprobs of the update's first forward (the weights of `trained_version`)."""
+    if batch.versions is None:
+        return
+    lags = token_lags(batch.versions, trained_version)  # (B, T-1)
+    gaps = logprob_gap_by_lag(logprobs, batch.sampler_logprobs, lags, batch.loss_mask)
+    for bucket, (gap, tokens) in gaps.items():
+        acc.add_mean(f"async/logprob_gap_lag{bucket}", gap, tokens)
