@@ -98,10 +98,8 @@ class TorchEngine:
         fuse_projections: on the fast path, run q/k/v and gate/up as one matmul each over fused
             weight copies (about 2/3 of the layer weights, kept current). Off by default: on CPU it
             measured no faster than separate matmuls.
-        pack_weights: on the fast path, run the matmuls over MKL-packed weight copies (float32 on
-            a CPU with MKL; `looprl.engines.weight_copies`): decode 1.3-2x faster per matmul at
-            4-64 rows, for 2-3x the weights' memory while generating (dropped when the weights
-            change or the cache is released). Default on.
+        pack_weights: on the fast path, run the matmuls over MKL-packed weight copies (CPU,
+            float32; `looprl.engines.weight_copies`): faster decode for 2-3x the weights' memory.
         threads: torch threads for each prefill and decoding step, on the worker thread only
             (None, the default: the process's count; 1 never stalls under load but leaves a quiet
             machine's second core idle, and while training runs beside the engine it changes
