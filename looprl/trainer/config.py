@@ -108,6 +108,9 @@ class RolloutSection(_Section):
         None, ge=1, description="max new tokens per turn (default: the environment's)"
     )
     max_concurrent_groups: int = Field(64, ge=1, description="groups rolled out at once")
+    max_inflight_groups: int | None = Field(
+        None, ge=1, description="streaming: groups running or queued (tasks_per_step x (1 + k))"
+    )
     max_refill_rounds: int = Field(
         3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups"
     )
@@ -202,6 +205,9 @@ class TrainerSection(_Section):
         description="bounded staleness: generate the batches of up to k later steps while step n "
         "trains (0 = on-policy; 1 = one step ahead); samples carry their "
         "policy version and older than k are dropped",
+    )
+    streaming: bool = Field(
+        False, description="start episodes continuously; a step trains the first groups to end"
     )
     eval_every: int = Field(
         10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
@@ -307,6 +313,14 @@ class TrainConfig(_Section):
             raise ValueError(
                 "trainer.early_stop_metric and trainer.early_stop_value must be set together"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _streaming_fits(self) -> TrainConfig:
+        if self.trainer.streaming and self.trainer.max_async_steps < 1:
+            raise ValueError("trainer.streaming needs trainer.max_async_steps >= 1: set it")
+        if (n := self.rollout.max_inflight_groups) is not None and n < self.rollout.tasks_per_step:
+            raise ValueError("rollout.max_inflight_groups < rollout.tasks_per_step: raise it")
         return self
 
 

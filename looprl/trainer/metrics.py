@@ -7,9 +7,9 @@ that a real run emits nothing else and that docs/metrics.md lists exactly these 
 Each key lives in a namespace saying where it comes from: `reward/` and `env/` (the batch's
 rewards), `rollout/` (its episodes), `loss/` (the terms of the objective), `policy/` (how the
 policy moved: KL, entropy, clipping, ratios, the sampler/trainer gap), `value/` (PPO's critic),
-`train/` (the optimizer step and the batch it trained on), `time/`, `eval/` (held-out
-evaluation) and `monitor/` (the reward-hacking monitors' 0/1 flags, nothing else). `step` and
-`wall_time` are the logger's own.
+`train/` (the optimizer step and the batch it trained on), `stream/` (streaming groups),
+`time/`, `eval/` (held-out evaluation) and `monitor/` (the reward-hacking monitors' 0/1 flags,
+nothing else). `step` and `wall_time` are the logger's own.
 
 `OLD_NAMES` maps the bare names of runs written before the namespaces to their keys; every
 reader of an existing `metrics.jsonl` passes its rows through `upgrade_row`.
@@ -41,6 +41,12 @@ METRICS: dict[str, str] = {
     # bounded-staleness async (trainer.max_async_steps)
     "rollout/staleness": "updates between the policy that sampled the batch and the one it trains",
     "rollout/stale_dropped": "episodes dropped as staler than max_async_steps",
+    "stream/groups_carried": "streaming: finished groups left in the queue for later steps",
+    "stream/trainer_wait_s": "streaming: seconds the step waited for its groups",
+    "stream/trainer_wait_frac": "streaming: that wait over the step's wall time",
+    "stream/sampler_idle_s": "streaming: seconds since the last step the engine had no request",
+    "stream/refilled": "streaming, dynamic sampling: zero-variance groups replaced since the last step",
+    "stream/staleness_<k>": "streaming: trained groups sampled k updates behind the trained policy",
     # the update (looprl.trainer.update, looprl.algorithms.objective)
     "loss/total": "total loss, averaged over micro-batches",
     "loss/pg": "the policy-gradient term of it",
