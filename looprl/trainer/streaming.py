@@ -3,7 +3,9 @@
 With `trainer.streaming = true` no step waits for the slowest episode of a batch. The rules:
 
 - groups start in task-stream order (position p of the seeded stream, as the barrier loop reads
-  it) while fewer than `capacity` groups are running or waiting to be trained;
+  it) while the groups admitted (trained, queued, running) stay within `tasks_per_step x
+  (version + 1 + k)`, k = `trainer.max_async_steps` (AReaL's admission rule), and at most
+  `rollout.max_inflight_groups` are running or queued;
 - a group joins the queue when its last episode has ended and the group is scored; a step takes
   the first `tasks_per_step` groups of the queue, in the order they finished; the rest are
   carried over to later steps;
@@ -12,8 +14,10 @@ With `trainer.streaming = true` no step waits for the slowest episode of a batch
 - a group records the oldest policy version that sampled it (the engine's when the group
   started: its episodes start together); one more than `max_staleness` updates behind the
   policy a step trains is dropped and counted;
-- a weight sync on an engine that cannot update in flight waits for the running groups (drain,
-  no group starts meanwhile); with `in_flight_updates` they keep running through it;
+- a weight sync on an engine that cannot update in flight closes a gate to new requests and
+  waits for those being generated (`RequestGate`); episodes between two turns (in a tool call)
+  keep going and sample their next turn from the new weights, each token's logprob its own
+  sampler's; with `in_flight_updates` the requests run through the sync as well;
 - a checkpoint keeps `state()`: the queued groups in full, the positions started but not
   finished (restarted first on resume, from the same task positions) and the cursor.
 """
@@ -31,6 +35,7 @@ from looprl.engines.base import Engine, GenerationRequest, TrainableEngine
 from looprl.envs.base import Environment
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig, episode_seed, run_group
+from looprl.safe_json import dumps
 from looprl.trainer.async_batches import Batch, Groups, Update
 from looprl.trainer.config import TrainConfig
 from looprl.types import EpisodeResult, Generation, SamplingParams, Task
@@ -71,20 +76,27 @@ class StreamGroup:
         return cls(int(d["position"]), episodes, int(d["version"]))
 
 
-class IdleClock:
-    """An engine seen through a clock of the seconds it had no request to serve."""
+class RequestGate:
+    """The engine as streaming rollouts see it: it holds new requests while the weights change,
+    and clocks the seconds the engine had no request to serve."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.token_level = engine.token_level
+        self.open = asyncio.Event()  # cleared while the weights change
+        self.open.set()
+        self.quiet = asyncio.Event()  # set while no request is being generated
+        self.quiet.set()
         self.requests = 0
         self.idle_s = 0.0
         self.since = time.perf_counter()  # when the engine last became idle
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        """The engine's generation, counted as busy time."""
+        """The engine's generation, once the gate is open, counted as busy time."""
+        await self.open.wait()
         if self.requests == 0:
             self.idle_s += time.perf_counter() - self.since
+            self.quiet.clear()
         self.requests += 1
         try:
             return await self.engine.generate(request)
@@ -92,6 +104,16 @@ class IdleClock:
             self.requests -= 1
             if self.requests == 0:
                 self.since = time.perf_counter()
+                self.quiet.set()
+
+    async def hold(self) -> None:
+        """Close the gate and wait until no request is being generated."""
+        self.open.clear()
+        await self.quiet.wait()
+
+    def release(self) -> None:
+        """Open the gate: held requests go to the engine."""
+        self.open.set()
 
     async def close(self) -> None:
         """Nothing of its own: the trainer closes the engine."""
@@ -108,11 +130,14 @@ class GroupStream:
     """The producer and its queue of finished groups (module doc)."""
 
     def __init__(
-        self, run_group: RunGroup, version: Callable[[], int], *, capacity: int,
+        self, run_group: RunGroup, version: Callable[[], int], *, per_step: int, ahead: int,
+        capacity: int | None = None, trained: int = 0,
         keep: Callable[[list[EpisodeResult]], bool] | None = None, refill: int = 0,
         cursor: int = 0, restart: Iterable[int] = (), queued: Iterable[StreamGroup] = (),
     ) -> None:  # fmt: skip
-        self.run_group, self.version, self.capacity = run_group, version, capacity
+        self.run_group, self.version = run_group, version
+        self.per_step, self.ahead, self.capacity = per_step, ahead, capacity
+        self.trained = trained  # groups taken by steps so far
         self.keep, self.refill, self.refill_left = keep, refill, refill
         self.cursor = cursor  # the next position of the task stream to start
         self.restart = list(restart)  # positions started before a resume, started first
@@ -123,9 +148,19 @@ class GroupStream:
         self.arrived = asyncio.Event()
         self.failure: BaseException | None = None
 
+    def room(self) -> bool:
+        """Whether another group may start: fewer than `capacity` running or queued, and the
+        groups admitted so far (trained, queued, running) within `per_step x (version + 1 +
+        ahead)`, so a group can be trained by the step `ahead` after its version's (AReaL's rule).
+        """
+        outstanding = len(self.running) + len(self.queue)
+        budget = self.per_step * (self.version() + 1 + self.ahead) - self.trained
+        full = self.capacity is not None and outstanding >= self.capacity
+        return not self.paused and not full and outstanding < budget
+
     def fill(self) -> None:
-        """Start groups, restarts first, until `capacity` are running or queued."""
-        while not self.paused and len(self.running) + len(self.queue) < self.capacity:
+        """Start groups, restarts first, while there is `room`."""
+        while self.room():
             if self.restart:
                 position = self.restart.pop(0)
             else:
@@ -170,13 +205,18 @@ class GroupStream:
             if self.failure is not None:
                 raise self.failure
         taken, self.queue = self.queue[:n], self.queue[n:]
+        self.trained += n
         self.refill_left = self.refill
         self.fill()
         return taken, dropped
 
-    async def drain(self) -> None:
-        """Start nothing more and wait for every running group (the engine is then idle)."""
+    def pause(self) -> None:
+        """Start no group until `resume`."""
         self.paused = True
+
+    async def drain(self) -> None:
+        """Start nothing more and wait for every running group."""
+        self.pause()
         while self.running:
             await asyncio.wait(list(self.running.values()))
         if self.failure is not None:
@@ -199,29 +239,31 @@ class GroupStream:
 class StreamSource:
     """Streaming batches, as the training loop takes them: `take`, `train`, `synced`, `close`.
 
-    `in_flight` is the engine's `in_flight_updates`: True lets groups run through a weight sync.
-    `ledger` (rank 0's run directory, or None) gets one line per trained episode.
+    `in_flight` is the engine's `in_flight_updates`: True lets requests run through a weight
+    sync; False holds new requests at the gate and waits for those being generated (episodes
+    between turns, in a tool call, keep going). `ledger` (rank 0's, or None) gets one line per
+    trained episode.
     """
 
     def __init__(
-        self, stream: GroupStream, clock: IdleClock, *, tasks_per_step: int, max_staleness: int,
-        in_flight: bool, ledger: Path | None,
+        self, stream: GroupStream, gate: RequestGate, *, max_staleness: int, in_flight: bool,
+        ledger: Path | None,
     ) -> None:  # fmt: skip
-        self.stream, self.clock, self.n = stream, clock, tasks_per_step
-        self.max_staleness, self.in_flight, self.ledger = max_staleness, in_flight, ledger
-        self.last = time.perf_counter()  # when the previous step got its groups
+        self.stream, self.gate, self.max_staleness = stream, gate, max_staleness
+        self.in_flight, self.ledger = in_flight, ledger
+        self.begin = self.last = time.perf_counter()  # the step's start; the last take
+        self.wait = 0.0  # seconds the step under way waited: for groups, then for the gate
+        self.batch: Batch | None = None
 
     async def take(self, step: int) -> Batch:
         """Step `step`'s groups, with the `stream/` metrics of how they came."""
         t0 = time.perf_counter()
-        taken, dropped = await self.stream.take(self.n, step, self.max_staleness)
+        taken, dropped = await self.stream.take(self.stream.per_step, step, self.max_staleness)
         now = time.perf_counter()
-        wait, wall, self.last = now - t0, now - self.last, now
+        self.wait, seconds, self.last = now - t0, now - self.last, now
         extra = {
             "stream/groups_carried": float(len(self.stream.queue)),
-            "stream/trainer_wait_s": wait,
-            "stream/trainer_wait_frac": wait / wall if wall > 0 else 0.0,
-            "stream/sampler_idle_s": self.clock.take_idle(),
+            "stream/sampler_idle_s": self.gate.take_idle(),
             "stream/refilled": float(self.stream.filtered),
         }
         self.stream.filtered = 0
@@ -231,13 +273,12 @@ class StreamSource:
         self._record(step, taken)
         oldest = min(g.version for g in taken)
         groups = [g.episodes for g in taken]
-        return Batch(groups, wall, oldest, self.max_staleness, dropped, extra)
+        self.batch = Batch(groups, seconds, oldest, self.max_staleness, dropped, extra)
+        return self.batch
 
     def _record(self, step: int, taken: list[StreamGroup]) -> None:
         if self.ledger is None:
             return
-        from looprl.safe_json import dumps
-
         rows = [
             dumps({"step": step, "position": g.position, "task": ep.task.id,
                    "rollout": ep.rollout_index, "version": g.version})
@@ -248,15 +289,24 @@ class StreamSource:
 
     async def train(self, update: Update, groups: Groups) -> dict[str, float]:
         """The update while groups keep running; then, unless the engine updates in flight, the
-        drain that leaves it idle for the sync."""
+        gate closes and the requests being generated end (the engine is idle for the sync)."""
         metrics = await asyncio.to_thread(update, groups)
         if not self.in_flight:
-            await self.stream.drain()
+            t0 = time.perf_counter()
+            self.stream.pause()
+            await self.gate.hold()
+            self.wait += time.perf_counter() - t0
         return metrics
 
     def synced(self) -> None:
-        """The new weights are in: groups start again."""
+        """The new weights are in: requests and groups go on; the step's wait is logged."""
+        self.gate.release()
         self.stream.resume()
+        now = time.perf_counter()
+        wall, self.begin = now - self.begin, now
+        if self.batch is not None:
+            self.batch.extra["stream/trainer_wait_s"] = self.wait
+            self.batch.extra["stream/trainer_wait_frac"] = self.wait / wall if wall > 0 else 0.0
 
     def state(self) -> dict[str, Any]:
         """The stream's part of a checkpoint: its task cursor and `GroupStream.state`."""
@@ -264,6 +314,7 @@ class StreamSource:
 
     async def close(self) -> None:
         """Let the running groups end (they are not trained) before the engine shuts down."""
+        self.gate.release()
         await self.stream.drain()
 
 
@@ -276,20 +327,20 @@ def open_stream(
     resumed): groups of `rollout.rollouts_per_task` episodes from task position `cursor` on.
     `run_dir` (rank 0's) holds the ledger, cut back to `step`."""
     rc, tc = cfg.rollout, cfg.trainer
-    clock = IdleClock(engine)
+    gate = RequestGate(engine)
 
     async def run(position: int) -> list[EpisodeResult]:
         seed = episode_seed(tc.seed, "stream", position, 0)  # per position: a restart repeats it
         config = RolloutConfig(sampling=sampling, seed=seed)
         task = task_at(position)
         return await run_group(
-            env, clock, task, rc.rollouts_per_task, renderer=renderer, config=config
+            env, gate, task, rc.rollouts_per_task, renderer=renderer, config=config
         )
 
     saved = saved or {}
     stream = GroupStream(
-        run, lambda: engine.policy_version,
-        capacity=rc.max_inflight_groups or rc.tasks_per_step * (1 + tc.max_async_steps),
+        run, lambda: engine.policy_version, per_step=rc.tasks_per_step,
+        ahead=tc.max_async_steps, capacity=rc.max_inflight_groups, trained=step * rc.tasks_per_step,
         keep=has_variance if dynamic else None, refill=rc.tasks_per_step * rc.max_refill_rounds,
         cursor=cursor, restart=saved.get("restart", ()),
         queued=[StreamGroup.from_dict(g) for g in saved.get("queued", ())],
@@ -298,7 +349,7 @@ def open_stream(
     if ledger is not None:
         truncate_ledger(ledger, step)
     return StreamSource(
-        stream, clock, tasks_per_step=rc.tasks_per_step, max_staleness=tc.max_async_steps,
+        stream, gate, max_staleness=tc.max_async_steps,
         in_flight=bool(getattr(engine, "in_flight_updates", False)), ledger=ledger,
     )  # fmt: skip
 
