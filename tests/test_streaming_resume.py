@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import read_metrics
 
+from looprl.trainer.metrics import declared
+
 pytestmark = pytest.mark.slow
 
 
@@ -67,4 +69,6 @@ def test_kill_9_mid_stream_then_resume_loses_and_repeats_no_group(tmp_path):
     after = {position for step, position, _ in rows if step > 2}
     assert queued <= after  # every group finished but untrained at the checkpoint: trained once
     assert not queued & {position for step, position, _ in rows if step <= 2}
-    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    metrics = read_metrics(run_dir)
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4, 5, 6]
+    assert all(declared(key) for row in metrics for key in row)  # stream/ keys included

@@ -109,7 +109,7 @@ class RolloutSection(_Section):
     )
     max_concurrent_groups: int = Field(64, ge=1, description="groups rolled out at once")
     max_inflight_groups: int | None = Field(
-        None, ge=1, description="streaming: a cap on groups running or queued (None: k's budget alone)"
+        None, ge=1, description="streaming: a cap on groups running or queued (unset: none)"
     )
     max_refill_rounds: int = Field(
         3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups"
