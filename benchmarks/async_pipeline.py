@@ -71,6 +71,7 @@ def train(mode: str, args: argparse.Namespace, out: Path) -> list[dict[str, Any]
             "trainer.steps": args.steps, "trainer.max_async_steps": k, "trainer.eval_every": 0,
             "trainer.eval_tasks": args.eval_tasks, "trainer.save_every": args.steps,
             "trainer.save_rollouts": 0, "trainer.seed": args.seed, "run.output_dir": str(out),
+            "algorithm.updates_per_batch": args.updates_per_batch,
             "run.name": mode, "run.tensorboard": False, **settings,
         },
     )  # fmt: skip
@@ -109,7 +110,8 @@ def table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> Tab
     t = Table(
         title=f"{args.model} on long_tail (1 episode in {args.every} waits {args.slow_s} s a "
         f"turn), engine {args.engine}, {args.tasks} tasks x {args.rollouts} rollouts, "
-        f"{args.steps} steps, k = {args.k}, {args.threads} thread(s), load "
+        f"{args.steps} steps, k = {args.k}, {args.updates_per_batch} update(s) a batch, "
+        f"{args.threads} thread(s), load "
         f"{os.getloadavg()[0]:.1f} at the end"
     )
     cols = ("mode", "s / step", "trainer wait", "stream wait", "gen tok/s", "staleness",
@@ -136,10 +138,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--tasks", type=int, default=4, help="tasks (groups) per step")
     p.add_argument("--rollouts", type=int, default=4, help="rollouts per task")
-    p.add_argument("--max-tokens", type=int, default=32, help="tokens per turn")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens per turn (calculator: 96)")
     p.add_argument("--every", type=int, default=16, help="one episode in EVERY is slow")
     p.add_argument("--slow-s", type=float, default=2.0, help="seconds a slow episode waits a turn")
     p.add_argument("--k", type=int, default=1, help="trainer.max_async_steps of the async modes")
+    p.add_argument(
+        "--updates-per-batch", type=int, default=1,
+        help="optimizer passes per batch: more makes the update, not generation, the bottleneck",
+    )  # fmt: skip
     p.add_argument("--eval-tasks", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
