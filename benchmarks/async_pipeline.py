@@ -16,7 +16,7 @@ generated; its row reads `streaming+in-flight` when the engine declares `in_flig
 pipeline filling) and the last (it holds the evaluation) are left out of the per-step numbers.
 Wait share = 1 - (update + sync seconds) / step wall time: the share of the step the trainer
 was not computing, the same formula in every mode (streaming's own `stream/trainer_wait_frac`
-is printed beside it).
+is printed beside it, and the share of wall time its syncs held new requests).
 """
 
 from __future__ import annotations
@@ -94,10 +94,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         else statistics.mean(r["rollout/staleness"] for r in middle)
     )
     stream_wait = [r["stream/trainer_wait_frac"] for r in middle if "stream/trainer_wait_frac" in r]
+    hold = sum(r.get("stream/sync_hold_s", 0.0) for r in middle)
     return {
         "s_per_step": wall / len(middle),
         "wait": 1 - busy / wall,
         "stream_wait": statistics.mean(stream_wait) if stream_wait else float("nan"),
+        "hold": hold / wall,
         "tokens_per_s": sum(r["rollout/gen_tokens"] for r in middle) / wall,
         "staleness": staleness,
         "dropped": sum(r["rollout/stale_dropped"] for r in middle),
@@ -114,14 +116,16 @@ def table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> Tab
         f"{args.threads} thread(s), load "
         f"{os.getloadavg()[0]:.1f} at the end"
     )
-    cols = ("mode", "s / step", "trainer wait", "stream wait", "gen tok/s", "staleness",
-            "episodes dropped", "held-out accuracy")  # fmt: skip
+    cols = ("mode", "s / step", "trainer wait", "stream wait", "of it sync hold", "gen tok/s",
+            "staleness", "episodes dropped", "held-out accuracy")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="right")
     for mode, r in results.items():
-        stream_wait = "-" if r["stream_wait"] != r["stream_wait"] else f"{r['stream_wait']:.1%}"
+        streamed = r["stream_wait"] == r["stream_wait"]  # NaN: not a streaming row
+        stream_wait = f"{r['stream_wait']:.1%}" if streamed else "-"
+        hold = f"{r['hold']:.1%}" if streamed else "-"
         t.add_row(
-            mode, f"{r['s_per_step']:.2f}", f"{r['wait']:.1%}", stream_wait,
+            mode, f"{r['s_per_step']:.2f}", f"{r['wait']:.1%}", stream_wait, hold,
             f"{r['tokens_per_s']:.0f}", f"{r['staleness']:.2f}", f"{r['dropped']:.0f}",
             f"{r['accuracy']:.3f}",
         )  # fmt: skip

@@ -155,6 +155,7 @@ def test_the_step_metrics_say_how_its_groups_came(tmp_path) -> None:
     assert m["stream/staleness_1"] == 2.0 and m["rollout/staleness"] == 1.0
     assert m["stream/groups_carried"] == 1.0  # group 3 finished beside 1 and 2
     assert m["stream/trainer_wait_s"] < 0.02 and m["stream/trainer_wait_frac"] < 0.2
+    assert m["stream/sync_hold_s"] < 0.02  # no request was under way at the sync
     assert m["stream/sampler_idle_s"] > 0  # the runner never asked the engine for anything
     rows = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert [(r["step"], r["position"], r["rollout"]) for r in rows] == [

@@ -44,6 +44,7 @@ METRICS: dict[str, str] = {
     "stream/groups_carried": "streaming: finished groups left in the queue for later steps",
     "stream/trainer_wait_s": "streaming: seconds the step waited for its groups",
     "stream/trainer_wait_frac": "streaming: that wait over the step's wall time",
+    "stream/sync_hold_s": "streaming: of that wait, seconds the sync waited for the requests under way",
     "stream/sampler_idle_s": "streaming: seconds since the last step the engine had no request",
     "stream/refilled": "streaming, dynamic sampling: zero-variance groups replaced since the last step",
     "stream/staleness_<k>": "streaming: trained groups sampled k updates behind the trained policy",

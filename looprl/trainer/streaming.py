@@ -252,7 +252,7 @@ class StreamSource:
         self.stream, self.gate, self.max_staleness = stream, gate, max_staleness
         self.in_flight, self.ledger = in_flight, ledger
         self.begin = self.last = time.perf_counter()  # the step's start; the last take
-        self.wait = 0.0  # seconds the step under way waited: for groups, then for the gate
+        self.wait = self.hold = 0.0  # seconds the step waited: in all, and for the gate
         self.batch: Batch | None = None
 
     async def take(self, step: int) -> Batch:
@@ -295,7 +295,8 @@ class StreamSource:
             t0 = time.perf_counter()
             self.stream.pause()
             await self.gate.hold()
-            self.wait += time.perf_counter() - t0
+            self.hold = time.perf_counter() - t0
+            self.wait += self.hold
         return metrics
 
     def synced(self) -> None:
@@ -307,6 +308,8 @@ class StreamSource:
         if self.batch is not None:
             self.batch.extra["stream/trainer_wait_s"] = self.wait
             self.batch.extra["stream/trainer_wait_frac"] = self.wait / wall if wall > 0 else 0.0
+            self.batch.extra["stream/sync_hold_s"] = self.hold
+        self.hold = 0.0
 
     def state(self) -> dict[str, Any]:
         """The stream's part of a checkpoint: its task cursor and `GroupStream.state`."""
