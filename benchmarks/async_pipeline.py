@@ -15,8 +15,9 @@ generated; its row reads `streaming+in-flight` when the engine declares `in_flig
 (weights swapped while requests decode), which the trainer then uses. The first step (the
 pipeline filling) and the last (it holds the evaluation) are left out of the per-step numbers.
 Wait share = 1 - (update + sync seconds) / step wall time: the share of the step the trainer
-was not computing, the same formula in every mode (streaming's own `stream/trainer_wait_frac`
-is printed beside it, and the share of wall time its syncs held new requests).
+was not computing, the same formula in every mode; beside it, streaming's own count
+(`stream/trainer_wait_s`: waits for groups and for the requests a sync let finish) and the
+share of that spent in syncs (`stream/sync_hold_s`), both over the same wall time.
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
         if counts
         else statistics.mean(r["rollout/staleness"] for r in middle)
     )
-    stream_wait = [r["stream/trainer_wait_frac"] for r in middle if "stream/trainer_wait_frac" in r]
+    streamed = "stream/trainer_wait_s" in middle[0]
+    stream_wait = sum(r.get("stream/trainer_wait_s", 0.0) for r in middle)
     hold = sum(r.get("stream/sync_hold_s", 0.0) for r in middle)
     return {
         "s_per_step": wall / len(middle),
         "wait": 1 - busy / wall,
-        "stream_wait": statistics.mean(stream_wait) if stream_wait else float("nan"),
+        "stream_wait": stream_wait / wall if streamed else float("nan"),
         "hold": hold / wall,
         "tokens_per_s": sum(r["rollout/gen_tokens"] for r in middle) / wall,
         "staleness": staleness,
