@@ -170,9 +170,7 @@ def test_the_idle_clock_counts_only_time_without_a_request() -> None:
         gate.take_idle()
         from looprl.engines.base import GenerationRequest
 
-        await asyncio.gather(
-            gate.generate(GenerationRequest()), gate.generate(GenerationRequest())
-        )
+        await asyncio.gather(gate.generate(GenerationRequest()), gate.generate(GenerationRequest()))
         return gate.take_idle()
 
     assert asyncio.run(main()) < 0.05  # both requests overlapped the whole 0.1 s
@@ -204,3 +202,17 @@ def test_the_sync_waits_for_requests_under_way_unless_the_engine_updates_in_flig
 
     finished, paused, after = asyncio.run(main())
     assert (finished, paused) == (not in_flight, not in_flight) and after is False
+
+
+def test_a_group_that_raises_stops_the_step_waiting_for_it() -> None:
+    async def run(position: int) -> list[EpisodeResult]:
+        raise RuntimeError(f"no thread left for the tools of group {position}")
+
+    async def main():
+        stream = GroupStream(run, lambda: 0, per_step=1, ahead=1)
+        stream.fill()
+        await asyncio.sleep(0.01)  # both groups failed before anyone waited
+        await stream.take(1, step=1, max_staleness=1)
+
+    with pytest.raises(RuntimeError, match="no thread left for the tools of group 0"):
+        asyncio.run(main())

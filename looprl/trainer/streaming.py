@@ -172,7 +172,7 @@ class GroupStream:
         try:
             episodes = await self.run_group(position)
         except Exception as exc:  # ToolsHung and the like: the step waiting on it raises
-            self.failure = exc
+            self.failure = self.failure or exc  # the first one is the cause
             self.arrived.set()
             return
         finally:
@@ -193,6 +193,8 @@ class GroupStream:
         dropped = 0
         self.fill()
         while True:
+            if self.failure is not None:
+                raise self.failure
             stale = [g for g in self.queue if g.staleness(step) > max_staleness]
             if stale:
                 dropped += sum(len(g.episodes) for g in stale)
@@ -202,8 +204,6 @@ class GroupStream:
                 break
             self.arrived.clear()
             await self.arrived.wait()
-            if self.failure is not None:
-                raise self.failure
         taken, self.queue = self.queue[:n], self.queue[n:]
         self.trained += n
         self.refill_left = self.refill
