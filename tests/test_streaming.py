@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from helpers import small_config
@@ -216,3 +217,22 @@ def test_a_group_that_raises_stops_the_step_waiting_for_it() -> None:
 
     with pytest.raises(RuntimeError, match="no thread left for the tools of group 0"):
         asyncio.run(main())
+
+
+def test_the_long_tail_env_slows_every_nth_episode_and_refuses_a_bad_setting() -> None:
+    from looprl.rendering.parser import ParsedTurn
+    from looprl.testing.long_tail import load_environment
+
+    env = load_environment(every=2, slow_s=0.2)
+    task = env.get_tasks("train", 1, seed=0)[0]
+
+    async def main():
+        states = [await env.setup_state(task) for _ in range(4)]
+        t0 = time.perf_counter()
+        await env.step(list(task.prompt), ParsedTurn(content="The answer is 1."), states[1])
+        return [s["slow"] for s in states], time.perf_counter() - t0
+
+    slow, seconds = asyncio.run(main())
+    assert slow == [False, True, False, True] and seconds >= 0.2
+    with pytest.raises(ValueError, match="use every >= 1 and slow_s >= 0"):
+        load_environment(every=0)

@@ -25,9 +25,9 @@ class LongTailEnv(looprl.ToolEnv):
     answer (its state says `slow`)."""
 
     def __init__(self, *, every: int, slow_s: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
         if every < 1 or slow_s < 0:
             raise ValueError(f"every={every}, slow_s={slow_s}: use every >= 1 and slow_s >= 0")
+        super().__init__(**kwargs)
         self.every, self.slow_s = every, slow_s
         self.started = 0  # episodes started so far
 
