@@ -32,6 +32,11 @@ def test_train_step_compare_ref_quick():
     assert "HEAD vs working tree" in out and "median" in out and "x (" in out, out
 
 
+def test_async_pipeline_benchmark_quick():
+    out = _run("-m", "benchmarks.async_pipeline", "--quick")
+    assert "barrier" in out and "streaming" in out and "trainer wait" in out, out
+
+
 def test_shared_prefix_benchmark_quick():
     args = ("--model", "tiny", "--tasks", "2", "--rollouts", "2", "--repeats", "1")
     out = _run("-m", "benchmarks.shared_prefix", *args)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.trainer.config import TrainerSection
 from looprl.types import EpisodeResult
 
 Groups = list[list[EpisodeResult]]
@@ -35,6 +36,8 @@ class Batch:
     version: int
     max_staleness: int
     dropped: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+    """Metrics of the way the batch was made (streaming's `stream/` keys)."""
 
     def metrics(self, step: int) -> dict[str, float]:
         """Generation time, staleness (updates between the sampling policy and the trained one)
@@ -43,6 +46,7 @@ class Batch:
             "time/generate": self.seconds,
             "rollout/staleness": float(self.staleness(step)),
             "rollout/stale_dropped": float(self.dropped),
+            **self.extra,
         }
 
     def staleness(self, step: int) -> int:
@@ -86,3 +90,46 @@ class Ahead:
         """Wait until every started generation has finished (the engine is idle)."""
         if self.tasks:
             await asyncio.wait(list(self.tasks.values()))
+
+
+Update = Callable[[Groups], dict[str, float]]
+
+
+class AheadSource:
+    """The batches of the barrier loop (k = 0) and of bounded staleness (k > 0), as the training
+    loop takes them: `take`, `train` (while later batches generate), `synced`, `close`."""
+
+    def __init__(self, ahead: Ahead, cfg: TrainerSection, *, release: Callable[[], None]) -> None:
+        self.ahead, self.k = ahead, cfg.max_async_steps
+        self.save_every, self.steps = cfg.save_every, cfg.steps
+        self.release = release  # the engine's idle memory, freed when nothing generates
+
+    def next_checkpoint(self, step: int) -> int:
+        """The first step >= `step` that writes a checkpoint. Batches are never generated ahead
+        across it, so a run resumed there regenerates exactly what the uninterrupted run did."""
+        return min(-(-step // self.save_every) * self.save_every, self.steps)
+
+    async def take(self, step: int) -> Batch:
+        """Step `step`'s batch, once the batches up to k steps later (not past a checkpoint) run."""
+        self.ahead.start_through(min(step + self.k, self.next_checkpoint(step)))
+        return await self.ahead.take(step)
+
+    async def train(self, update: Update, groups: Groups) -> dict[str, float]:
+        """The update; later batches keep generating meanwhile, and the engine is idle after."""
+        if not self.ahead.pending:
+            self.release()  # no generation until the next batch
+            return update(groups)
+        metrics = await asyncio.to_thread(update, groups)
+        await self.ahead.idle()  # the engine must be idle before its weights change
+        return metrics
+
+    def synced(self) -> None:
+        """Nothing waits on the sync: the next `take` starts what comes next."""
+
+    def state(self) -> dict[str, object]:
+        """Nothing beyond the task cursor: no batch runs across a checkpoint."""
+        return {}
+
+    async def close(self) -> None:
+        """Let the engine finish before shutting it down."""
+        await self.ahead.idle()

@@ -21,10 +21,8 @@ from looprl.trainer.monitors.config import MonitorsSection
 if TYPE_CHECKING:
     from looprl.algorithms.presets import AlgorithmConfig
 
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
 
 class ModelSection(_Section):
     """Which model to train."""
@@ -82,7 +80,6 @@ class ModelSection(_Section):
     def _template_exists(cls, value: str | None) -> str | None:
         return check_template_choice(value)
 
-
 class EnvSection(_Section):
     """Which environment to train on (or a mixture of several)."""
 
@@ -90,7 +87,6 @@ class EnvSection(_Section):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="arguments to load_environment"
     )
-
 
 class RolloutSection(_Section):
     """How batches are sampled."""
@@ -108,10 +104,12 @@ class RolloutSection(_Section):
         None, ge=1, description="max new tokens per turn (default: the environment's)"
     )
     max_concurrent_groups: int = Field(64, ge=1, description="groups rolled out at once")
+    max_inflight_groups: int | None = Field(
+        None, ge=1, description="streaming: a cap on groups running or queued (unset: none)"
+    )
     max_refill_rounds: int = Field(
         3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups"
     )
-
 
 class AlgorithmSection(_Section):
     """The RL algorithm: a preset plus field overrides (see looprl/algorithms/presets.py)."""
@@ -153,7 +151,6 @@ class AlgorithmSection(_Section):
             algo = dataclasses.replace(algo, use_tis=False)
         return algo
 
-
 class OptimSection(_Section):
     """Optimizer and schedule."""
 
@@ -175,7 +172,6 @@ class OptimSection(_Section):
     value_lr: float | None = Field(
         None, gt=0, description="learning rate of the PPO value head (default: 10x lr)"
     )
-
 
 class TrainerSection(_Section):
     """The loop: steps, batching, evaluation, checkpoints."""
@@ -209,6 +205,9 @@ class TrainerSection(_Section):
         description="per-token staleness bound: tokens sampled more than this many updates before "
         "the trained policy are masked out of the loss, an episode left with none is dropped "
         "(unset: max_async_steps; AReaL's bound, per token)",
+    )
+    streaming: bool = Field(
+        False, description="start episodes continuously; a step trains the first groups to end"
     )
     eval_every: int = Field(
         10, ge=0, description="evaluate on held-out tasks every N steps (0 = only at the end)"
@@ -264,7 +263,6 @@ class TrainerSection(_Section):
         """The per-token staleness bound in force: `max_staleness`, else `max_async_steps`."""
         return self.max_async_steps if self.max_staleness is None else self.max_staleness
 
-
 class RunSection(_Section):
     """Where the run lives."""
 
@@ -291,7 +289,6 @@ class RunSection(_Section):
     wandb_rollouts: int = Field(
         4, ge=0, description="episodes per step in the W&B rollouts table (a few: one table a step)"
     )
-
 
 class TrainConfig(_Section):
     """The whole training configuration (`looprl train CONFIG.toml`)."""
@@ -321,13 +318,19 @@ class TrainConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _streaming_fits(self) -> TrainConfig:
+        if self.trainer.streaming and self.trainer.max_async_steps < 1:
+            raise ValueError("trainer.streaming needs trainer.max_async_steps >= 1: set it")
+        if (n := self.rollout.max_inflight_groups) is not None and n < self.rollout.tasks_per_step:
+            raise ValueError("rollout.max_inflight_groups < rollout.tasks_per_step: raise it")
+        return self
 
 RENAMED = {
     "trainer.one_step_ahead": " (it became trainer.max_async_steps: one_step_ahead = true is "
     "max_async_steps = 1)",
 }
 """Fields that were renamed: the error for the old name says the new one."""
-
 
 FOREIGN_NAMES: dict[str, tuple[str, str]] = {
     # TRL's GRPOConfig / transformers' TrainingArguments
@@ -371,7 +374,6 @@ FOREIGN_NAMES: dict[str, tuple[str, str]] = {
 }
 """Field names of TRL and verifiers that people type, with looprl's field (and a note)."""
 
-
 def foreign_name_hint(key: str, dash: str = "--") -> str:
     """`did you mean --optim.lr? learning_rate is TRL's or verifiers' name for it` for a field name of
     TRL or verifiers, or `did you mean --optim.lr?` for a looprl field placed in the wrong
@@ -390,10 +392,8 @@ def foreign_name_hint(key: str, dash: str = "--") -> str:
         return f"did you mean {dash}{homes[0]}?"
     return ""
 
-
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the field and the fix."""
-
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
@@ -403,7 +403,6 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--{dotted}: {key} is not a section")
     node[keys[-1]] = value
-
 
 def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
     """`['--optim.lr', '1e-5', '--trainer.steps=3']` -> {'optim.lr': 1e-05, 'trainer.steps': 3}."""
@@ -429,7 +428,6 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
             out[key.replace("-", "_")] = raw
     return out
 
-
 def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
     """` (did you mean trainer.steps?)` for an unknown field near a known one (`--` on the CLI)."""
     if kind != "extra_forbidden":
@@ -443,7 +441,6 @@ def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
         known += [f"{section}.{f}" for f in getattr(info.annotation, "model_fields", {})]
     close = difflib.get_close_matches(loc, known, n=1, cutoff=0.6)
     return f" (did you mean {dash}{close[0]}?)" if close else ""
-
 
 def load_config(
     path: str | Path | None,
@@ -475,7 +472,6 @@ def load_config(
             hint = RENAMED.get(loc, "") or _did_you_mean(loc, err["type"], overrides or {})
             lines.append(f"{loc}: {err['msg']}{hint}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
-
 
 def recorded_config(run_dir: str | Path) -> dict[str, Any]:
     """The config a run was started with (the `config` record of its `config.json`).

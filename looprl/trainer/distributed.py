@@ -271,6 +271,8 @@ def unsupported(cfg: Any) -> list[str]:
     problems = [placement] if placement else []
     if cfg.trainer.max_async_steps:
         problems.append("trainer.max_async_steps > 0 (use 0: on-policy)")
+    if cfg.trainer.streaming:
+        problems.append("trainer.streaming = true (use false: one process streams)")
     return problems
 
 

@@ -22,7 +22,7 @@ from looprl.rendering.templates import set_chat_template
 from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
-from looprl.trainer.async_batches import Ahead, Batch
+from looprl.trainer.async_batches import Ahead, AheadSource, Batch
 from looprl.trainer.batch import StalenessBound, samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
@@ -33,6 +33,7 @@ from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhase
 from looprl.trainer.run_config import absolute_paths
 from looprl.trainer.run_lock import RunLock, check_run_free, run_stamp
 from looprl.trainer.run_summary import RunStatus, write_run_summary
+from looprl.trainer.streaming import StreamSource, has_variance, open_stream
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
 from looprl.types import EpisodeResult, SamplingParams, Task
@@ -82,6 +83,7 @@ class Trainer:
         self.phases = StepPhases(cfg.trainer.steps, out=None)  # _loop's, shown on rank 0
         self._task_stream: tuple[int, Any] | None = None
         self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
+        self._stream_state: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- set-up
     def _setup(self) -> None:
@@ -217,6 +219,7 @@ class Trainer:
         state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         self._monitor_state = state.get("monitors", {})
+        self._stream_state = state.get("stream")  # streaming: the groups the checkpoint kept
         self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
         return True
@@ -272,10 +275,10 @@ class Trainer:
             )  # fmt: skip
 
     async def _loop(self) -> dict[str, float]:
-        """Each step: its batch (generated ahead when `max_async_steps` > 0), update, sync, log."""
+        """Each step: its batch (generated ahead, or streaming groups), update, sync, log."""
         cfg = self.cfg.trainer
         last: dict[str, float] = {}
-        ahead = Ahead(self._collect_chained, self.step + 1)
+        source = self.source = self._source()
         phases = self.phases = StepPhases(cfg.steps, out=console if self.is_main else None)
         no_gradient = NoGradientWarning(self.cfg.rollout.rollouts_per_task, self._warn)
         nonfinite = NonFiniteGuard(cfg.max_nonfinite_steps, self.algo.updates_per_batch)
@@ -288,17 +291,12 @@ class Trainer:
             step = self.step + 1
             phases.begin(step)
             phases.enter("generating")
-            ahead.start_through(min(step + cfg.max_async_steps, self._next_checkpoint(step)))
-            batch = await ahead.take(step)
+            batch = await source.take(step)
             phases.enter("training")
-            if ahead.pending:  # later batches generate while this one trains
-                metrics = await asyncio.to_thread(self._update, batch.groups)
-                await ahead.idle()  # the engine must be idle before its weights change
-            else:
-                self.placement.release_idle_memory()  # no generation until the next batch
-                metrics = self._update(batch.groups)
+            metrics = await source.train(self._update, batch.groups)
             phases.enter("syncing weights")
             metrics.update(self._sync(step))
+            source.synced()
             metrics.update(
                 batch.metrics(step), **self._rollout_metrics(batch.groups, batch.seconds)
             )
@@ -328,18 +326,24 @@ class Trainer:
                     self._checkpoint()
                 self.stopped_early = True
                 break
-        await ahead.idle()  # let the engine finish before shutting it down
+        await source.close()
         errored.check_trained()  # a run that never updated exports nothing
         self._export()
         self._plot()
         await self.engine.close()
         return last
 
-    def _next_checkpoint(self, step: int) -> int:
-        """The first step >= `step` that writes a checkpoint. Batches are never generated ahead
-        across it, so a run resumed there regenerates exactly what the uninterrupted run did."""
-        every = self.cfg.trainer.save_every
-        return min(-(-step // every) * every, self.cfg.trainer.steps)
+    def _source(self) -> AheadSource | StreamSource:
+        """Where the loop's batches come from: streaming groups, or `Ahead` batches (k >= 0)."""
+        if not self.cfg.trainer.streaming:
+            ahead = Ahead(self._collect_chained, self.step + 1)
+            return AheadSource(ahead, self.cfg.trainer, release=self.placement.release_idle_memory)
+        return open_stream(
+            self.cfg, self.env, self.engine, renderer=self.renderer, sampling=self.sampling,
+            task_at=lambda p: self._tasks(p, 1)[0], dynamic=self.algo.dynamic_sampling,
+            cursor=self.cursor, saved=self._stream_state, step=self.step,
+            run_dir=self.run_dir if self.is_main else None,
+        )  # fmt: skip
 
     async def _collect_chained(self, step: int, after: asyncio.Task[Batch] | None) -> Batch:
         """Step `step`'s batch, from the task cursor the previous batch left (awaited first)."""
@@ -374,7 +378,7 @@ class Trainer:
             )  # fmt: skip
             if not self.algo.dynamic_sampling:
                 return groups, time.perf_counter() - start, used
-            kept += [g for g in groups if len({ep.reward for ep in g if ep.trainable}) > 1]
+            kept += [g for g in groups if has_variance(g)]
             if len(kept) >= rc.tasks_per_step:
                 break
         return kept or groups, time.perf_counter() - start, used
@@ -454,6 +458,7 @@ class Trainer:
 
         NonFiniteGuard.check_weights(self._modules().values(), self.dist, "the checkpoint")
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
+        extra.update(self.source.state())  # streaming: its cursor and its unfinished groups
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
             save_sharded(
                 self.dist, self.run_dir, self.step, modules=self._modules(), optimizer=self.optimizer,
