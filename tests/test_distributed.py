@@ -303,9 +303,9 @@ def test_two_processes_train_against_a_vllm_server(tmp_path):
 def test_two_processes_train_lora_against_a_vllm_server(tmp_path):
     """LoRA under FSDP with the server looprl starts (--enable-lora): each step's adapter,
     gathered from the shards, is hot-loaded, so the server samples the trainer's policy."""
+    lr = ["--optim.lr", "1e-2"]  # a LoRA step at 1e-3 barely moves the policy
     cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--run-dir",
-           str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm", "--model.lora", "true",
-           "--optim.lr", "1e-2"]  # fmt: skip  (a LoRA step at 1e-3 barely moves the policy)
+           str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm", "--model.lora", "true", *lr]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _metrics(tmp_path / "run")
