@@ -318,8 +318,8 @@ def test_two_processes_train_lora_against_a_vllm_server(tmp_path):
     assert rows[1]["train/grad_norm"] > 0
     final = load_file(tmp_path / "run" / "final" / "model.safetensors")  # the merged copy
     start = load_model("tiny")[0].state_dict()
-    assert final.keys() == start.keys()
-    assert max(float((final[k] - start[k]).abs().max()) for k in final) > 0
+    assert set(final) <= set(start)  # plain weights: no adapter left (lm_head: tied)
+    assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-4
 
 
 def test_two_ranks_share_a_default_run_name_and_stop_early_together(tmp_path):
