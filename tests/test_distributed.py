@@ -303,19 +303,25 @@ def test_two_processes_train_against_a_vllm_server(tmp_path):
 
 
 @pytest.mark.vllm
-def test_two_processes_train_lora_against_a_vllm_server(tmp_path):
-    """LoRA under FSDP with the server looprl starts (--enable-lora): each step's adapter,
-    gathered from the shards, is hot-loaded, so the server samples the trainer's policy."""
-    lr = ["--optim.lr", "1e-2"]  # a LoRA step at 1e-3 barely moves the policy
+def test_two_processes_train_lora_async_against_a_vllm_server(tmp_path):
+    """LoRA under FSDP with the server looprl starts (--enable-lora), max_async_steps = 1: rank 0
+    hands out batches it generated beside the update, and each step's adapter, gathered from the
+    shards, is hot-loaded, so a batch sampled after a sync comes from the trainer's policy."""
+    # lr 1e-2: a LoRA step at 1e-3 barely moves the policy
+    more = ["--optim.lr", "1e-2", "--trainer.steps", "3", "--trainer.save_every", "2"]
+    more += ["--trainer.max_async_steps", "1"]
     cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--run-dir",
-           str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm", "--model.lora", "true", *lr]  # fmt: skip
+           str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm", "--model.lora", "true", *more]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = _metrics(tmp_path / "run")
     gaps = [r["policy/logprob_gap"] for r in rows]
-    print(f"vLLM with LoRA, 2 processes: logprob gap per step {gaps}")
-    assert [r["step"] for r in rows] == [1, 2] and all(g < VLLM_GAP for g in gaps), gaps
-    assert rows[1]["train/grad_norm"] > 0
+    print(f"vLLM with LoRA, async, 2 processes: logprob gap per step {gaps}")
+    # step 2 was sampled by version 0 beside step 1's update; step 3 after the checkpoint, fresh
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 0]
+    assert gaps[0] < VLLM_GAP and gaps[2] < VLLM_GAP, gaps  # adapter v2 reached the server
+    assert gaps[1] > 1e-2, gaps  # one update moves the policy this much: a missed load would show
+    assert rows[2]["train/grad_norm"] > 0
     final = load_file(tmp_path / "run" / "final" / "model.safetensors")  # the merged copy
     start = load_model("tiny")[0].state_dict()
     assert set(final) <= set(start)  # plain weights: no adapter left (lm_head: tied)
