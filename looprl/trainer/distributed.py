@@ -208,9 +208,7 @@ async def run_shared(
     """
     if d is not None and main_only:
         mine = await run(list(items)) if d.is_main else None
-        box: list[Any] = [mine]
-        await asyncio.to_thread(dist.broadcast_object_list, box, 0, d.slow_group)
-        return box[0] or []  # rank 0 always sends its list
+        return await asyncio.to_thread(from_main, d, mine, slow=True) or []  # rank 0 sends a list
     local = await run(my_share(items, d))
     if d is None:
         return local
