@@ -62,6 +62,12 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _tokens(run_dir: Path, step: int) -> list[list[list[int]]]:
+    """Every saved episode's token ids at `step`, trajectory by trajectory, in batch order."""
+    lines = (run_dir / f"rollouts/step_{step:06d}.jsonl").read_text().splitlines()
+    return [[t["token_ids"] for t in json.loads(line)["trajectories"]] for line in lines]
+
+
 def test_two_processes_train_to_the_single_process_weights(tmp_path):
     one = tmp_path / "one"
     cfg = load_config(None, parse_cli_overrides(ARGS))
@@ -74,13 +80,7 @@ def test_two_processes_train_to_the_single_process_weights(tmp_path):
 
     # the same global batch: every episode's tokens, in the same order
     for step in (1, 2):
-        name = f"rollouts/step_{step:06d}.jsonl"
-        tokens = [
-            [[t["token_ids"] for t in json.loads(line)["trajectories"]]
-             for line in (run / name).read_text().splitlines()]
-            for run in (one, two)
-        ]  # fmt: skip
-        assert tokens[0] == tokens[1]
+        assert _tokens(one, step) == _tokens(two, step)
     a, b = (
         load_file(one / "final" / "model.safetensors"),
         load_file(two / "final" / "model.safetensors"),
@@ -190,6 +190,32 @@ def test_a_killed_job_resumes_from_its_sharded_checkpoint(tmp_path):
     assert exported.config.num_hidden_layers == model.config.num_hidden_layers
 
 
+def test_two_processes_train_async_and_resume_to_the_single_process_run(tmp_path):
+    """max_async_steps = 1 under torchrun: batches generate (and are gathered) beside the FSDP
+    update; a job stopped after its step-2 checkpoint, with batch 4 in flight, resumes to the
+    episodes and metrics of one uninterrupted process."""
+    ahead = ["--trainer.max_async_steps", "1"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = [*ARGS, *ahead, "--trainer.steps", "4", "--trainer.save_every", "2"]
+    Trainer(load_config(None, parse_cli_overrides(args)), run_dir=one).run()
+    done = _train(two, *ahead, fault="stop")
+    assert done.returncode != 0 and "every rank stops now" in done.stdout + done.stderr
+    done = _train(two, *ahead, "--resume")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows_one, rows_two = _metrics(one), _metrics(two)
+    assert [r["rollout/staleness"] for r in rows_two] == [0, 1, 0, 1]  # steps 2 and 4 ran ahead
+    for step, (r1, r2) in enumerate(zip(rows_one, rows_two, strict=True), start=1):
+        assert r1.keys() == r2.keys()
+        assert _tokens(one, step) == _tokens(two, step)  # the same episodes, token for token
+        assert r1["reward/mean"] == r2["reward/mean"] and r1["train/tokens"] == r2["train/tokens"]
+        assert r2["loss/total"] == pytest.approx(r1["loss/total"], abs=1e-5)
+        assert r2["train/grad_norm"] == pytest.approx(r1["train/grad_norm"], rel=1e-4)
+    keys = ("loss/total", "train/grad_norm")
+    gaps = [abs(a[k] - b[k]) for a, b in zip(rows_one, rows_two, strict=True) for k in keys]
+    print(f"async, 1 process vs 2 resumed: largest loss or grad-norm difference {max(gaps):.3g}")
+    assert rows_two[3]["train/grad_norm"] > 0  # real updates after the resume
+
+
 @pytest.mark.parametrize("mode", ["die", "hang"])
 def test_a_failed_rank_ends_the_job_with_an_error(tmp_path, mode):
     timeout = 10
@@ -274,6 +300,32 @@ def test_two_processes_train_against_a_vllm_server(tmp_path):
     final = load_file(tmp_path / "run" / "final" / "model.safetensors")
     start = load_model("tiny")[0].state_dict()
     assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-3
+
+
+@pytest.mark.vllm
+def test_two_processes_train_lora_async_against_a_vllm_server(tmp_path):
+    """LoRA under FSDP with the server looprl starts (--enable-lora), max_async_steps = 1: rank 0
+    hands out batches it generated beside the update, and each step's adapter, gathered from the
+    shards, is hot-loaded, so a batch sampled after a sync comes from the trainer's policy."""
+    # lr 1e-2: a LoRA step at 1e-3 barely moves the policy
+    more = ["--optim.lr", "1e-2", "--trainer.steps", "3", "--trainer.save_every", "2"]
+    more += ["--trainer.max_async_steps", "1"]
+    cmd = [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--run-dir",
+           str(tmp_path / "run"), *ARGS, "--engine.kind", "vllm", "--model.lora", "true", *more]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _metrics(tmp_path / "run")
+    gaps = [r["policy/logprob_gap"] for r in rows]
+    print(f"vLLM with LoRA, async, 2 processes: logprob gap per step {gaps}")
+    # step 2 was sampled by version 0 beside step 1's update; step 3 after the checkpoint, fresh
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 0]
+    assert gaps[0] < VLLM_GAP and gaps[2] < VLLM_GAP, gaps  # adapter v2 reached the server
+    assert gaps[1] > 1e-2, gaps  # one update moves the policy this much: a missed load would show
+    assert rows[2]["train/grad_norm"] > 0
+    final = load_file(tmp_path / "run" / "final" / "model.safetensors")  # the merged copy
+    start = load_model("tiny")[0].state_dict()
+    assert set(final) <= set(start)  # plain weights: no adapter left (lm_head: tied)
+    assert max(float((final[k] - start[k]).abs().max()) for k in final) > 1e-4
 
 
 def test_two_ranks_share_a_default_run_name_and_stop_early_together(tmp_path):

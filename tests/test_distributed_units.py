@@ -25,3 +25,64 @@ def test_two_groups_of_four_land_on_one_rank_each():
     assert block_share(samples, _dist(0, 2)) == ["g0s0", "g0s1", "g0s2", "g0s3"]
     assert block_share(samples, _dist(1, 2)) == ["g1s0", "g1s1", "g1s2", "g1s3"]
     assert block_share(samples, None) == samples
+
+
+def _ranks_gather_beside_an_update(rank: int, port: int, main_only: bool) -> None:
+    """One rank: 4 batches exchanged by `run_shared` in step order while a thread all-reduces on
+    the default group, as the update's FSDP collectives do (`max_async_steps > 0`)."""
+    import asyncio
+    import os
+    import random
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from looprl.trainer.distributed import close_distributed, init_distributed, run_shared
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_RANK=str(rank))  # fmt: skip
+    d, _ = init_distributed(torch.device("cpu"), 10.0, 10.0)
+    assert d is not None
+    rng = random.Random(rank)
+
+    def update() -> None:
+        for i in range(200):
+            t = torch.full((256,), float(i + rank))
+            dist.all_reduce(t)
+            assert float(t[0]) == 2 * i + 1  # (i + 0) + (i + 1): paired with the same call
+            time.sleep(rng.random() * 0.001)
+
+    async def generate(share: list[int]) -> list[tuple[int, int]]:
+        await asyncio.sleep(rng.random() * 0.02)  # the ranks finish their shares at other times
+        return [(i, rank) for i in share]
+
+    async def main() -> list[list[tuple[int, int]]]:
+        updating = asyncio.create_task(asyncio.to_thread(update))
+        batches = [
+            await run_shared(d, list(range(10 * s, 10 * s + 5)), generate, main_only=main_only)
+            for s in range(4)
+        ]
+        await updating
+        return batches
+
+    batches = asyncio.run(main())
+    for s, batch in enumerate(batches):
+        owner = [0] * 5 if main_only else [0, 1, 0, 1, 0]  # i % world, or rank 0 alone
+        assert batch == [(10 * s + j, owner[j]) for j in range(5)], batch
+    close_distributed(d)
+
+
+@pytest.mark.parametrize("main_only", [False, True])
+def test_batches_gathered_beside_an_update_pair_up_across_ranks(main_only):
+    """Generation's exchanges and the update's collectives run at once without crossing."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(  # forked: the children start with torch imported (seconds saved)
+        _ranks_gather_beside_an_update, args=(port, main_only), nprocs=2, start_method="fork"
+    )

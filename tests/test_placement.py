@@ -284,10 +284,50 @@ def test_an_fsdp_copy_holds_the_same_values_so_tis_is_off(model) -> None:
         asyncio.run(placement.engine.close())
 
 
-def test_lora_with_servers_under_several_processes_is_refused(model) -> None:
+def test_fsdp_rank_0_hot_loads_the_adapter_and_exports_the_merged_copy(model, server) -> None:
+    """LoRA with vLLM under several processes: rank 0 saves the (gathered) adapter each sync."""
     net, tok = model
-    with pytest.raises(ValueError, match=r"several processes: model.lora = true .* one process"):
-        make_placement(lora_model(net), tok, EngineSection(kind="vllm"), group=Rank(0))
+    peft = lora_model(net)
+    engine = EngineSection(kind="vllm", base_urls=[server.base_url])
+    placement = make_placement(peft, tok, engine, group=Rank(0))
+    try:
+        assert (placement.kind, placement.main_only) == ("adapters", True)
+        reseed_lora_b(peft, seed=3)  # the adapter trains on
+        placement.sync(peft, 2)
+        (load,) = [r.json for r in server.requests if r.path == "/v1/load_lora_adapter"]
+        assert load["lora_name"] == "policy-v2"
+        sent = load_file(Path(load["lora_path"]) / "adapter_model.safetensors")
+        lora = {n.replace(".default", ""): p for n, p in peft.state_dict().items() if "lora_" in n}
+        assert sent.keys() == lora.keys()
+        for key in lora:
+            assert torch.equal(sent[key], lora[key]), key  # the adapter trained, bit for bit
+        assert not [r for r in server.requests if r.path == "/collective_rpc"]  # no full weights
+        final = placement.final_model(peft)  # a plain copy, refreshed with the merged weights
+        assert final is not peft and not hasattr(final, "peft_config")
+        for key, tensor in peft_merge(peft).items():
+            torch.testing.assert_close(final.state_dict()[key], tensor, rtol=0, atol=1e-6)
+    finally:
+        asyncio.run(placement.engine.close())
+
+
+def test_an_fsdp_follower_of_adapters_gathers_the_adapter_alone(model, server, monkeypatch) -> None:
+    """Its collectives must pair with rank 0's: the LoRA tensors at a sync, everything at export."""
+    import looprl.engines.placement as P
+
+    net, tok = model
+    peft = lora_model(net)
+    engine = EngineSection(kind="vllm", base_urls=[server.base_url])
+    gathered: list[list[str]] = []
+    for name in ("adapter_weights", "merged_weights"):
+        real = getattr(P, name)
+        monkeypatch.setattr(P, name, lambda m, real=real: gathered.append(sorted(real(m))))
+    placement = make_placement(peft, tok, engine, group=Rank(1))
+    placement.sync(peft, 1)
+    assert placement.kind == "follower" and placement.engine.policy_version == 1
+    assert gathered[0] and all(".lora_" in k for k in gathered[0])
+    placement.final_model(peft)
+    assert gathered[1] == sorted(merged_weights(peft))  # rank 0 exports the merged weights
+    assert server.request_count == 0
 
 
 @pytest.mark.parametrize(

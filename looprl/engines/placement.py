@@ -11,9 +11,10 @@ process group (None with one process), and returns one of five kinds. The traini
 | `copy`     | torch with LoRA, `max_async_steps > 0`,   | a frozen copy (every rank   | the merged full weights are  |
 |            | or under FSDP                             | its own, full)              | copied in (gathered: FSDP)   |
 | `servers`  | vllm, full weights (rank 0 under FSDP)    | vLLM servers                | merged full weights sent     |
-| `adapters` | vllm with LoRA (one process)              | vLLM servers + adapters     | the PEFT adapter hot-loaded  |
+| `adapters` | vllm with LoRA (rank 0 under FSDP)        | vLLM servers + adapters     | the PEFT adapter hot-loaded  |
+|            |                                           |                             | (gathered: FSDP)             |
 | `follower` | vllm, ranks other than 0 under FSDP       | nothing: rank 0 hands out   | its part of rank 0's gather  |
-|            |                                           | the batch                   |                              |
+|            |                                           | the batch                   | (the adapter alone: LoRA)    |
 
 Before an update that no generation runs beside (`max_async_steps = 0`, or the pipeline empty at a
 checkpoint), the trainer calls `placement.release_idle_memory()`: an in-process torch engine
@@ -47,7 +48,7 @@ from looprl.engines.config import EngineSection
 from looprl.engines.factory import vllm_engine
 from looprl.engines.ram_dirs import sweep_and_report
 from looprl.engines.torch_engine import TorchEngine
-from looprl.models.weights import frozen_copy, lora_config, merged_weights
+from looprl.models.weights import adapter_weights, frozen_copy, lora_config, merged_weights
 from looprl.types import Generation
 
 
@@ -183,21 +184,22 @@ class ServerPlacement(Placement):
         return self.copy
 
 
-class AdapterPlacement(Placement):
+class AdapterPlacement(ServerPlacement):
     """vLLM servers started with `--enable-lora` on the base weights; after each step the PEFT
-    adapter alone is saved and hot-loaded as `policy-vN` (one process only)."""
+    adapter alone is saved and hot-loaded as `policy-vN`. Under FSDP every rank gathers the
+    adapter's tensors (not the base weights) and rank 0 saves them; `copy` is then rank 0's full
+    model to export, refreshed with the merged weights at the end."""
 
     kind = "adapters"
-    main_only = True
-    built_from_model = False  # servers given by URL may hold another adapter
 
-    def __init__(self, engine: AdapterEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: AdapterEngine, copy: nn.Module | None = None) -> None:
+        super().__init__(engine, copy)
         self.adapters = engine
 
     def _send(self, model: nn.Module, version: int) -> None:
+        adapter = adapter_weights(model)  # every rank under FSDP (FollowerPlacement too)
         with tempfile.TemporaryDirectory(prefix="looprl-adapter-") as tmp:
-            model.save_pretrained(tmp)  # type: ignore[operator]  # the PEFT adapter alone
+            model.save_pretrained(tmp, state_dict=adapter)  # type: ignore[operator]
             self.adapters.load_adapter(Path(tmp), version=version)
 
 
@@ -226,34 +228,25 @@ class FollowerEngine:
 
 class FollowerPlacement(Placement):
     """Ranks other than 0 under FSDP with vLLM: no engine of their own, no copy; each sync and
-    the final export take part in the gather of the full weights that rank 0 sends or saves."""
+    the final export take part in the gather that rank 0 sends or saves (`adapters`: each
+    sync gathers the LoRA tensors alone, as rank 0's `AdapterPlacement` does)."""
 
     kind = "follower"
     main_only = True
     built_from_model = False  # takes part in rank 0's first sync
 
-    def __init__(self) -> None:
+    def __init__(self, *, adapters: bool = False) -> None:
         super().__init__(FollowerEngine())
+        self.gather = adapter_weights if adapters else merged_weights
 
     def _send(self, model: nn.Module, version: int) -> None:
-        merged_weights(model)  # rank 0's gather is a collective: every rank takes part
+        self.gather(model)  # rank 0's gather is a collective: every rank takes part
         self.engine.sync_weights(None, version=version)
 
     def final_model(self, model: nn.Module) -> nn.Module:
         """Take part in rank 0's gather for its export; the sharded model stays unexported here."""
         merged_weights(model)
         return model
-
-
-def refusal(engine: EngineSection, *, lora: bool, sharded: bool) -> str | None:
-    """Why this placement cannot run under several processes (`sharded`), naming the fix; None
-    when it can. vLLM's LoRA adapters would need rank 0 to gather the adapter alone: not done."""
-    if sharded and lora and engine.kind == "vllm":
-        return (
-            "model.lora = true with engine.kind = 'vllm' (train all weights, use engine.kind = "
-            "'torch', or use one process)"
-        )
-    return None
 
 
 def make_placement(
@@ -273,19 +266,17 @@ def make_placement(
     `max_model_len` bounds a vLLM server's context. Build it before the model is sharded.
     """
     lora = lora_config(model)
-    why = refusal(engine, lora=lora is not None, sharded=group is not None)
-    if why:
-        raise ValueError(f"not supported with several processes: {why}")
     if engine.kind == "vllm":
         if group is not None and not group.is_main:
-            return FollowerPlacement()
+            return FollowerPlacement(adapters=lora is not None)
         served = vllm_engine(
             tokenizer, engine, model=model, max_model_len=max_model_len, seed=seed,
             lora_rank=None if lora is None else lora.r,
         )  # fmt: skip
+        copy = frozen_copy(model) if group is not None else None  # rank 0's export under FSDP
         if lora is not None:
-            return AdapterPlacement(served)
-        return ServerPlacement(served, frozen_copy(model) if group is not None else None)
+            return AdapterPlacement(served, copy)
+        return ServerPlacement(served, copy)
     if group is None or group.is_main:
         sweep_and_report()  # RAM that killed vLLM-backed runs left (vllm_engine sweeps too)
     own = lora is not None or generate_ahead or group is not None

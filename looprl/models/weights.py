@@ -6,6 +6,8 @@ Hugging Face weights under the base model's names. One merge serves every path:
 - `merged_weights(model)`: the full weights, each LoRA delta `scale * B @ A` added to its base
   weight; under FSDP each shard is gathered first (a collective: every rank calls it).
 - `base_weights(model)`: the weights without the adapters, as vLLM serves them under adapters.
+- `adapter_weights(model)`: the LoRA tensors alone, as a PEFT adapter is saved for vLLM; under
+  FSDP gathered from the shards (a collective over the adapter only, not the base weights).
 - `frozen_copy(model)`: a plain, frozen model holding the merged weights (an engine's own copy,
   or the reference model of the KL penalty).
 - `save_base(model, tokenizer, directory)`: a Hugging Face directory of the base weights.
@@ -14,6 +16,7 @@ Hugging Face weights under the base model's names. One merge serves every path:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +35,26 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Under FSDP `full_tensor` is a collective: every rank must call this. Unsharded tensors are
     returned as they are (no copy).
     """
+    return _gathered(model, lambda name: True)
+
+
+def adapter_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA tensors of a PEFT model under its state-dict names, each FSDP shard gathered.
+
+    What `save_pretrained(dir, state_dict=...)` writes as the adapter. Under FSDP `full_tensor`
+    is a collective over the adapter's tensors: every rank must call this.
+    """
+    return _gathered(model, lambda name: ".lora_" in name)
+
+
+def _gathered(model: torch.nn.Module, keep: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """The detached tensors of `model.state_dict()` whose name `keep` accepts, DTensors gathered."""
     from torch.distributed.tensor import DTensor
 
     return {
         name: (t.full_tensor() if isinstance(t, DTensor) else t).detach()
         for name, t in model.state_dict().items()
+        if keep(name)
     }
 
 

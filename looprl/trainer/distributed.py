@@ -14,6 +14,13 @@ the identity when `dist` is None):
    weights), then `gather_in_order` hands every rank the whole batch in the single-process
    order. Advantages, normalisers and the logged rollout metrics are therefore computed on the
    same global batch by every rank; each rank then trains on its share of the samples.
+   Generation's collectives never share a process group with the update's: with
+   `max_async_steps > 0` later batches generate (and gather) while the update's FSDP
+   collectives run in a thread, and two threads issuing collectives on one group would pair
+   the wrong calls across ranks. So batches are gathered on `Dist.rollout_group` (rank 0's
+   vLLM batch is broadcast on `slow_group`), in a worker thread so the event loop keeps
+   generating; batches start in step order (`looprl.trainer.async_batches`), so every rank
+   issues those collectives in the same order.
 4. After each step every rank gathers the full weights (`DTensor.full_tensor`, LoRA merged:
    `looprl.models.weights.merged_weights`) for its engine copy, or for the vLLM servers rank 0
    drives (`looprl.engines.placement`).
@@ -27,6 +34,7 @@ FSDP's mixed-precision policy (`looprl.trainer.precision`).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -44,12 +52,14 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Dist:
-    """This process's place in the group: `rank` of `world`, the FSDP mesh, a slow group."""
+    """This process's place in the group: `rank` of `world`, the FSDP mesh, a slow group, and
+    the group that gathers generated batches (module doc, point 3)."""
 
     rank: int
     world: int
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh
     slow_group: Any  # ProcessGroup with main_phase_timeout_s, for waits on rank 0's own work
+    rollout_group: Any = None  # gloo ProcessGroup with collective_timeout_s, generation's alone
 
     @property
     def is_main(self) -> bool:
@@ -75,8 +85,9 @@ def init_distributed(
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=collective_timeout_s))
     slow = dist.new_group(backend="gloo", timeout=timedelta(seconds=main_phase_timeout_s))
+    rollout = dist.new_group(backend="gloo", timeout=timedelta(seconds=collective_timeout_s))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    return Dist(dist.get_rank(), dist.get_world_size(), mesh, slow), device
+    return Dist(dist.get_rank(), dist.get_world_size(), mesh, slow, rollout), device
 
 
 def close_distributed(d: Dist | None) -> None:
@@ -192,19 +203,22 @@ async def run_shared(
     """`run` on this rank's share of `items`, then every rank gets all results in item order.
 
     `main_only`: rank 0 runs them all (it drives remote servers) and hands every rank the
-    results, the others waiting within `main_phase_timeout_s`.
+    results, the others waiting within `main_phase_timeout_s`. The exchange runs in a worker
+    thread on a group the update never uses (module doc, point 3), so it may overlap an update.
     """
     if d is not None and main_only:
         mine = await run(list(items)) if d.is_main else None
-        return from_main(d, mine, slow=True) or []  # rank 0 always sends its list
+        return await asyncio.to_thread(from_main, d, mine, slow=True) or []  # rank 0 sends a list
     local = await run(my_share(items, d))
-    return local if d is None else gather_in_order(d, local)
+    if d is None:
+        return local
+    return await asyncio.to_thread(gather_in_order, d, local, d.rollout_group)
 
 
-def gather_in_order(d: Dist, local: list[R]) -> list[R]:
-    """Undo `my_share`: rank r's j-th result is item j * world + r."""
+def gather_in_order(d: Dist, local: list[R], group: Any = None) -> list[R]:
+    """Undo `my_share`: rank r's j-th result is item j * world + r (on `group`; None: the default)."""
     parts: list[Any] = [None] * d.world
-    dist.all_gather_object(parts, local)
+    dist.all_gather_object(parts, local, group=group)
     total = sum(len(p) for p in parts)
     return [parts[i % d.world][i // d.world] for i in range(total)]
 
@@ -264,16 +278,14 @@ def explain_failure(d: Dist | None, exc: BaseException, timeout_s: float) -> str
 
 
 def unsupported(cfg: Any) -> list[str]:
-    """Settings multi-process training refuses (`cfg` a TrainConfig), each with the field to change."""
-    from looprl.engines.placement import refusal
+    """Settings multi-process training refuses (`cfg` a TrainConfig), each with the field to change.
 
-    placement = refusal(cfg.engine, lora=cfg.model.lora, sharded=True)
-    problems = [placement] if placement else []
-    if cfg.trainer.max_async_steps:
-        problems.append("trainer.max_async_steps > 0 (use 0: on-policy)")
+    Every placement (LoRA with vLLM included) and bounded-staleness async
+    (`trainer.max_async_steps > 0`) run under torchrun; streaming does not yet.
+    """
     if cfg.trainer.streaming:
-        problems.append("trainer.streaming = true (use false: one process streams)")
-    return problems
+        return ["trainer.streaming = true (use false: one process streams)"]
+    return []
 
 
 class SilentLogger:

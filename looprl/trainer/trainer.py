@@ -130,6 +130,7 @@ class Trainer:
             max_model_len=self.env.limits.max_context_tokens,
         )  # fmt: skip
         self._closers.append(self.engine.close)
+        D.wait_for_main(self.dist)  # rank 0 may be starting vLLM servers: a slow wait
 
     @property
     def engine(self) -> TrainableEngine:
