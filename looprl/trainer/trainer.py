@@ -153,6 +153,7 @@ class Trainer:
             value_head=self.value_head, ref_model=ref, dist=self.dist,
             shared_prefix=cfg.trainer.shared_prefix,
             prefix_row_tokens=cfg.trainer.prefix_row_tokens,
+            skip_uniform_steps=cfg.trainer.skip_uniform_steps,
         )  # fmt: skip
 
     def _open_run(self) -> None:
@@ -330,6 +331,7 @@ class Trainer:
                 break
         await ahead.idle()  # let the engine finish before shutting it down
         errored.check_trained()  # a run that never updated exports nothing
+        no_gradient.finish()  # a line when most steps had most groups scored alike
         self._export()
         self._plot()
         await self.engine.close()
