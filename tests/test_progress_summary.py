@@ -226,11 +226,11 @@ def test_a_run_whose_groups_are_all_uniform_warns_once_and_writes_its_summary(
     assert summary["paths"]["final"] == str(tmp_path / "flat" / "final")
     last = summary["last_metrics"]
     assert last["train/zero_var_frac"] == 1.0 and last["train/groups_all_wrong_frac"] == 1.0
-    assert last["train/uniform_steps_skipped"] == 1.0  # trainer.skip_uniform_steps: the default
-    over = {"env.name": CONSTANT_ENV, "trainer.steps": 1, "trainer.skip_uniform_steps": False}
-    Trainer(small_config(tmp_path, "stepped", **over)).run()
-    summary = loads_strict((tmp_path / "stepped" / "summary.json").read_text())
-    assert summary["last_metrics"]["train/uniform_steps_skipped"] == 0.0
+    assert last["train/uniform_steps_skipped"] == 0.0  # trainer.skip_uniform_steps: false
+    over = {"env.name": CONSTANT_ENV, "trainer.steps": 1, "trainer.skip_uniform_steps": True}
+    Trainer(small_config(tmp_path, "skipping", **over)).run()
+    summary = loads_strict((tmp_path / "skipping" / "summary.json").read_text())
+    assert summary["last_metrics"]["train/uniform_steps_skipped"] == 1.0
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ class UpdateContext:
     dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
     shared_prefix: bool = True  # forward micro-batches as prefix trees (trainer.shared_prefix)
     prefix_row_tokens: int = 1024  # nodes per prefix-tree row (trainer.prefix_row_tokens)
-    skip_uniform_steps: bool = True  # no optimizer step on a batch with no gradient (trainer.*)
+    skip_uniform_steps: bool = False  # no optimizer step on a batch with no gradient (trainer.*)
 
 
 @dataclass
