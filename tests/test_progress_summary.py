@@ -119,21 +119,67 @@ def test_step_phases_stay_quiet_on_short_steps_and_show_long_ones() -> None:
     silent.end()
 
 
-def test_no_gradient_is_warned_once_and_always_on_the_step_line(tmp_path) -> None:
-    uniform = {"reward/mean": 0.0, "train/zero_var_frac": 1.0, "loss/total": 0.0}
+def _alike(frac: float, right: float, wrong: float, groups: int = 16) -> dict[str, float]:
+    """A step's group metrics: `frac` of `groups` scored alike, `right` all solved, `wrong` none."""
+    return {
+        "train/groups_used": float(groups), "train/zero_var_frac": frac,
+        "train/groups_all_correct_frac": right, "train/groups_all_wrong_frac": wrong,
+    }  # fmt: skip
+
+
+def test_no_gradient_is_warned_once_per_streak_and_always_on_the_step_line(tmp_path) -> None:
+    uniform = {"reward/mean": 0.0, "loss/total": 0.0, **_alike(1.0, 0.0, 1.0)}
     assert no_gradient(uniform) and no_gradient({"train/skipped": 1.0})
     assert not no_gradient({"train/zero_var_frac": 0.5})
     warnings: list[str] = []
     warner = NoGradientWarning(4, warnings.append)
-    warner.check(1, {"train/zero_var_frac": 0.5})
-    warner.check(2, uniform)
-    warner.check(3, uniform)
-    assert len(warnings) == 1 and warnings[0].startswith("step 2 had no gradient")
-    assert "--rollout.rollouts_per_task 8" in warnings[0] and "looprl sft" in warnings[0]
+    warner.check(1, _alike(0.25, 0.0, 0.25))  # most groups teach: no streak
+    warner.check(2, {**uniform, "train/uniform_steps_skipped": 1.0})  # no gradient: at once
+    warner.check(3, uniform)  # the same streak: said already
+    assert warnings == [
+        "step 2: 16 of 16 groups scored alike (no learning signal from them: 0 all solved, 16 "
+        "all failed; no update ran): raise rollout.rollouts_per_task (--rollout.rollouts_per_task 8), "
+        "add a curriculum section of easier tasks, or warm-start with `looprl bootstrap` (or "
+        "`looprl sft` on traces)"
+    ]
     row = {"step": 2, "wall_time": 1.0, **uniform}
     narrow = format_line(2, row, total=10, width=40)  # the optional metrics do not fit; it does
     assert "no gradient" in narrow
     assert "no gradient" not in format_line(2, {"step": 2, "train/zero_var_frac": 0.5})
+
+
+def test_a_streak_of_mostly_alike_steps_is_warned_at_its_third_step_with_its_fix() -> None:
+    warnings: list[str] = []
+    warner = NoGradientWarning(4, warnings.append)
+    easy = _alike(0.75, 0.625, 0.125)  # 12 of 16 alike: 10 all solved, 2 none
+    warner.check(1, easy)
+    warner.check(2, easy)
+    assert warnings == []  # two steps are not a streak yet
+    warner.check(3, easy)
+    warner.check(4, easy)
+    assert warnings == [
+        "step 3: 12 of 16 groups scored alike for 3 steps (no learning signal from them: 10 all "
+        "solved, 2 all failed): the tasks are too easy for the model: train on harder ones (a "
+        "curriculum section keeps them at its level)"
+    ]
+    warner.check(5, _alike(0.25, 0.25, 0.0))  # the streak ends; the next one is warned again
+    for step in (6, 7, 8):
+        warner.check(step, _alike(0.5, 0.0, 0.5))
+    assert len(warnings) == 2 and warnings[1].startswith(
+        "step 8: 8 of 16 groups scored alike for 3"
+    )
+    assert "looprl bootstrap" in warnings[1]  # all failed: easier tasks, bigger groups, warm start
+    warner.finish()  # 7 of 8 steps had most groups alike: one line at the end
+    assert warnings[2] == (
+        "7 of this run's 8 steps had most groups scored alike (0 with no learning signal at all; "
+        "alike groups: 44 all solved, 32 all failed): the tasks are too easy for the model: train on "
+        "harder ones (a curriculum section keeps them at its level)"
+    )
+    quiet = NoGradientWarning(4, warnings.append)
+    quiet.check(1, easy)
+    quiet.check(2, _alike(0.0, 0.0, 0.0))
+    quiet.finish()  # half the steps: no end-of-run line
+    assert len(warnings) == 3
 
 
 def test_run_summary_reads_the_metrics_and_is_strict_json(tmp_path) -> None:
@@ -169,14 +215,22 @@ def test_a_run_whose_groups_are_all_uniform_warns_once_and_writes_its_summary(
 
     cfg = small_config(tmp_path, "flat", **{"env.name": CONSTANT_ENV, "trainer.steps": 2})
     Trainer(cfg).run()
-    out = capsys.readouterr().out
-    assert out.count("had no gradient") == 1, out  # once per run, not once per step
-    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    out = " ".join(capsys.readouterr().out.split())  # a warning may wrap
+    assert out.count("groups scored alike (no learning signal") == 1, out  # once per streak
+    assert "2 of this run's 2 steps had most groups scored alike" in out  # and once at the end
+    assert "curriculum section of easier tasks" in out  # all failed alike: the fixes for that
+    steps = [line for line in out.split(" step ")[1:] if line.startswith(("1/2", "2/2"))]
     assert len(steps) == 2 and all("no gradient" in line for line in steps), steps
     summary = loads_strict((tmp_path / "flat" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["step"] == 2
     assert summary["paths"]["final"] == str(tmp_path / "flat" / "final")
-    assert summary["last_metrics"]["train/zero_var_frac"] == 1.0
+    last = summary["last_metrics"]
+    assert last["train/zero_var_frac"] == 1.0 and last["train/groups_all_wrong_frac"] == 1.0
+    assert last["train/uniform_steps_skipped"] == 0.0  # trainer.skip_uniform_steps: false
+    over = {"env.name": CONSTANT_ENV, "trainer.steps": 1, "trainer.skip_uniform_steps": True}
+    Trainer(small_config(tmp_path, "skipping", **over)).run()
+    summary = loads_strict((tmp_path / "skipping" / "summary.json").read_text())
+    assert summary["last_metrics"]["train/uniform_steps_skipped"] == 1.0
 
 
 @pytest.mark.slow

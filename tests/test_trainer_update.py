@@ -26,6 +26,7 @@ from looprl.trainer import batch as B
 from looprl.trainer import update as U
 from looprl.trainer.config import OptimSection
 from looprl.trainer.setup import make_optimizer, make_scheduler
+from looprl.types import EpisodeResult, Message, Task
 
 
 def samples(n: int, seed: int = 0, zero_every: int = 3) -> list[B.Sample]:
@@ -80,14 +81,20 @@ def test_fused_forward_equals_plain_forward(monkeypatch):
     assert bool((lp[batch.loss_mask > 0] < 0).all())
 
 
-def _step(model: torch.nn.Module, preset: str, data: list[B.Sample]) -> dict[str, float]:
-    optim = OptimSection(lr=1e-2, weight_decay=0.01)
+def _context(
+    model: torch.nn.Module, preset: str, *, skip: bool = False, weight_decay: float = 0.01
+) -> U.UpdateContext:
+    optim = OptimSection(lr=1e-2, weight_decay=weight_decay)
     opt = make_optimizer(model, None, optim)
-    ctx = U.UpdateContext(
+    return U.UpdateContext(
         model=model, optimizer=opt, scheduler=make_scheduler(opt, optim, 4),
         algo=resolve_algorithm(preset, use_tis=True), pad_id=0, device=torch.device("cpu"),
-        temperature=1.0, micro_batch_tokens=64, grad_clip=1.0,
+        temperature=1.0, micro_batch_tokens=64, grad_clip=1.0, skip_uniform_steps=skip,
     )  # fmt: skip
+
+
+def _step(model: torch.nn.Module, preset: str, data: list[B.Sample]) -> dict[str, float]:
+    ctx = _context(model, preset)
     stats = {}
     for _ in range(2):  # the second step sees Adam moments built on the first
         stats = U.train_on_batch(ctx, data)
@@ -107,7 +114,7 @@ def test_skipping_zero_advantage_samples_changes_nothing(monkeypatch, preset):
     assert fast_stats["forward_tokens"] < full_stats["forward_tokens"]
 
 
-def test_all_zero_advantages_still_step_the_optimizer():
+def test_all_zero_advantages_step_the_optimizer_without_skipping():
     data = [dataclasses.replace(s, advantage=0.0) for s in samples(4)]
     model = small_model()
     before = [p.detach().clone() for p in model.parameters()]
@@ -143,16 +150,6 @@ def test_kl_keeps_every_sample():
     assert U._with_gradient(algo, data) == data
 
 
-def _context(model: torch.nn.Module) -> U.UpdateContext:
-    optim = OptimSection(lr=1e-2)
-    opt = make_optimizer(model, None, optim)
-    return U.UpdateContext(
-        model=model, optimizer=opt, scheduler=make_scheduler(opt, optim, 4),
-        algo=resolve_algorithm("grpo"), pad_id=0, device=torch.device("cpu"), temperature=1.0,
-        micro_batch_tokens=64, grad_clip=1.0,
-    )  # fmt: skip
-
-
 def test_the_logprob_gap_per_version_lag_comes_from_the_first_forward_and_changes_nothing():
     data = samples(9, zero_every=100)[1:]  # every sample moves the weights (the first would not)
     for i, s in enumerate(data):  # sample i was sampled by version 5 - i % 4: lags 0, 1, 2, 3
@@ -166,10 +163,82 @@ def test_the_logprob_gap_per_version_lag_comes_from_the_first_forward_and_change
     lags = token_lags(batch.versions, 5)
     expected = logprob_gap_by_lag(before, batch.sampler_logprobs, lags, batch.loss_mask)
     assert sorted(expected) == ["0", "1", "2", "3plus"]
-    stats = U.train_on_batch(_context(model), data, trained_version=5)
+    stats = U.train_on_batch(_context(model, "grpo"), data, trained_version=5)
     for bucket, (gap, _tokens) in expected.items():
         assert stats[f"async/logprob_gap_lag{bucket}"] == pytest.approx(gap, rel=1e-5)
-    without = U.train_on_batch(_context(plain), data)  # no version: no gap metrics, same step
+    without = U.train_on_batch(
+        _context(plain, "grpo"), data
+    )  # no version: no gap metrics, same step
     assert without == {k: v for k, v in stats.items() if not k.startswith("async/")}
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def _uniform_after_informative(skip: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], dict]:
+    """(weights after one informative step, after a uniform batch next, the uniform batch's stats)
+    under grpo with no weight decay: whatever moves the weights on the uniform batch is momentum."""
+    model = small_model()
+    ctx = _context(model, "grpo", skip=skip, weight_decay=0.0)
+    U.train_on_batch(ctx, samples(6))
+    after_signal = [p.detach().clone() for p in model.parameters()]
+    state = {
+        k: [t.clone() for t in v.values() if torch.is_tensor(t)]
+        for k, v in ctx.optimizer.state.items()
+    }
+    stats = U.train_on_batch(ctx, [dataclasses.replace(s, advantage=0.0) for s in samples(4)])
+    if skip:  # AdamW's moments and step count are untouched too, so a resume sees the same state
+        for k, v in ctx.optimizer.state.items():
+            now = [t for t in v.values() if torch.is_tensor(t)]
+            assert all(torch.equal(a, b) for a, b in zip(state[k], now, strict=True))
+    assert ctx.scheduler.last_epoch == 2  # the schedule ticks on every batch, skipped or not
+    return after_signal, [p.detach().clone() for p in model.parameters()], stats
+
+
+def test_a_uniform_batch_moves_the_weights_by_momentum_unless_skipped():
+    before, after, stats = _uniform_after_informative(skip=True)
+    assert stats["uniform_steps_skipped"] == 1.0 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    before, after, stats = _uniform_after_informative(skip=False)
+    assert stats["uniform_steps_skipped"] == 0.0
+    # zero gradient, no weight decay: AdamW's second step moves each weight by
+    # lr * m2_hat / sqrt(v2_hat) = lr * (b1 / (1 + b1)) / sqrt(b2 / (1 + b2)) * sign(g1)
+    # = 0.6716 lr with b1 0.9, b2 0.99, against lr for the first: ratio 0.6716 where |g1| >> eps
+    first = torch.cat([(b - a).flatten() for a, b in zip(_initial(), before, strict=True)])
+    second = torch.cat([(b - a).flatten() for a, b in zip(before, after, strict=True)])
+    big = first.abs() > 0.999e-2  # weights whose first step was a full lr (|g1| >> eps)
+    ratio = second[big] / first[big]  # float32 weights: the differences carry ~1e-5 of rounding
+    expected = torch.full_like(ratio, 0.9 / 1.9 / (0.99 / 1.99) ** 0.5)
+    torch.testing.assert_close(ratio, expected, rtol=1e-3, atol=0.0)
+
+
+def _initial() -> list[torch.Tensor]:
+    return [p.detach().clone() for p in small_model().parameters()]
+
+
+def test_ppo_never_skips_a_batch_whose_advantages_are_all_zero():
+    """PPO's advantages come from the value head (GAE), not the group: a batch is never uniform."""
+    model = small_model()
+    ctx = _context(model, "ppo", skip=True)
+    ctx.value_head = U.ValueHead(model.config.hidden_size)
+    data = [
+        dataclasses.replace(s, advantage=0.0, reward=float(i % 2)) for i, s in enumerate(samples(4))
+    ]
+    stats = U.train_on_batch(ctx, data)
+    assert stats["uniform_steps_skipped"] == 0.0 and stats["forward_tokens"] > 0
+
+
+def test_alike_groups_are_split_by_whether_they_solved_the_task():
+    def group(*rewards: float) -> list[EpisodeResult]:
+        task = Task(id="t", prompt=[Message(role="user", content="q")])
+        return [EpisodeResult(task=task, reward=r) for r in rewards]
+
+    # 4 groups: all solved, all failed at 0, all alike at a partial 0.5 (none solved), mixed
+    groups = [
+        group(1.0, 1.0, 1.0),
+        group(0.0, 0.0, 0.0),
+        group(0.5, 0.5, 0.5),
+        group(1.0, 0.0, 1.0),
+    ]
+    _, stats = B.samples_from_groups(groups, resolve_algorithm("grpo"), max_len=16)
+    assert (stats["all_correct_frac"], stats["all_wrong_frac"]) == (0.25, 0.5)
+    assert stats["all_correct_frac"] + stats["all_wrong_frac"] == stats["zero_var_frac"]

@@ -100,6 +100,7 @@ def samples_from_groups(
         "groups_used": float(len(usable)),
         "zero_var_frac": 0.0,
         "keep_frac": 0.0,
+        **alike_split(usable),
     }
     for _size, same in sorted(by_size.items()):
         rewards = torch.tensor(
@@ -165,6 +166,24 @@ def bound_staleness(
     stats = staleness_stats(torch.cat(lags), torch.cat(masks)) if samples else {}
     out = {f"async/{key}": value for key, value in stats.items()}
     return kept, {**out, "async/tokens_too_stale": too_stale}
+
+
+SOLVED = 1.0
+"""The reward at which an episode counts as solved: pass@k's threshold (`looprl.eval.summary`)."""
+
+
+def alike_split(groups: list[list[EpisodeResult]]) -> dict[str, float]:
+    """Of `groups`, the fractions whose rewards were all equal and solved (>= `SOLVED`) or not.
+
+    The two need different fixes: all solved, harder tasks; none solved, easier tasks, larger
+    groups or a warm start. Together they are the zero-variance fraction.
+    """
+    alike = [g[0].reward for g in groups if len({ep.reward for ep in g}) == 1]
+    n = max(1, len(groups))
+    return {
+        "all_correct_frac": sum(r >= SOLVED for r in alike) / n,
+        "all_wrong_frac": sum(r < SOLVED for r in alike) / n,
+    }
 
 
 class Tokens(Protocol):

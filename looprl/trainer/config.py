@@ -237,6 +237,12 @@ class TrainerSection(_Section):
         description="stop the run after this many steps in a row skipped because errors "
         "(infrastructure, environment, scoring) left no group with two scored episodes",
     )
+    skip_uniform_steps: bool = Field(
+        False,
+        description="take no optimizer step on a batch with no gradient (every group scored alike, "
+        "no KL, entropy or value term), where AdamW's momentum moves the weights without signal "
+        "(false: step, as TRL's GRPOTrainer does; docs/results.md 'Steps without signal')",
+    )
     keep_last: int = Field(2, ge=1, description="checkpoints kept on disk")
     save_rollouts: int = Field(16, ge=0, description="episodes saved per step for inspection")
     device: str | None = Field(None, description="cpu or cuda (default: cuda when available)")

@@ -95,6 +95,12 @@ METRICS: dict[str, str] = {
     "train/adv_abs_mean": "mean absolute advantage",
     "train/groups_used": "groups the advantages were computed over",
     "train/zero_var_frac": "fraction of groups whose rewards were all equal",
+    "train/groups_all_correct_frac": "fraction of groups whose rollouts all solved the task "
+    "(reward >= 1; harder tasks would teach more)",
+    "train/groups_all_wrong_frac": "fraction of groups whose rollouts all got the same reward "
+    "below 1 (easier tasks, larger groups or a warm start would teach more)",
+    "train/uniform_steps_skipped": "1 when the batch had no gradient and trainer.skip_uniform_steps "
+    "took no optimizer step (AdamW's momentum would have moved the weights)",
     "train/keep_frac": "fraction of samples kept for the update",
     # time, seconds
     "time/generate": "rolling out the step's groups",
@@ -172,6 +178,9 @@ OLD_NAMES: dict[str, str] = {
     "groups_used": "train/groups_used",
     "zero_var_frac": "train/zero_var_frac",
     "keep_frac": "train/keep_frac",
+    "all_correct_frac": "train/groups_all_correct_frac",
+    "all_wrong_frac": "train/groups_all_wrong_frac",
+    "uniform_steps_skipped": "train/uniform_steps_skipped",
     "reply_tokens": "rollout/reply_tokens",
     "format_only_frac": "rollout/format_only_frac",
     "repeat_ngram_frac": "rollout/repeat_ngram_frac",

@@ -4,8 +4,10 @@ gradient, a batch that errors spoiled.
 - `StepPhases`: a step that runs long (generation of a big batch, a slow update) shows which
   phase it is in, as a plain line in a log (`step 3/10: training (generating took 42 s)`) or as
   a transient status on a terminal. Short steps stay quiet.
-- `NoGradientWarning`: a step where every group's rollouts got the same reward has no
-  advantage to learn from; the first such step of a run gets one warning that says what to do.
+- `NoGradientWarning`: groups whose rollouts all got the same reward have no advantage to
+  learn from. A streak of steps where most groups scored alike (or one where all did) gets one
+  warning that says what to do, told apart by whether those groups all succeeded or all
+  failed; a run most of whose steps were such gets one more line at its end.
 - `ErroredBatches`: a batch whose errors left no group with two scored episodes is skipped (no
   update runs, nothing regenerates it) and says so (`batch skipped (45 of 48 episodes were infra
   errors)`), counted as `train/error_skipped`; `trainer.max_skipped_steps` such steps in a row
@@ -105,27 +107,87 @@ def no_gradient(row: Mapping[str, Any]) -> bool:
     return skipped or (row.get("train/zero_var_frac") or 0.0) >= 1.0
 
 
+STREAK_STEPS = 3
+"""Steps in a row with most groups scored alike before the warning (a step with all of them
+alike warns at once): one such step is noise, three say the tasks do not fit the model."""
+
+
+ALIKE_KEYS = ("zero_var_frac", "groups_all_correct_frac", "groups_all_wrong_frac")
+
+
+def _alike(metrics: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(groups, scored alike, alike and all solved, alike and none solved) of a step's metrics."""
+    groups = int(metrics.get("train/groups_used") or 0)
+    alike, right, wrong = (round(groups * (metrics.get(f"train/{k}") or 0.0)) for k in ALIKE_KEYS)
+    return groups, alike, right, wrong
+
+
+def signal_fix(all_right: float, all_wrong: float, rollouts_per_task: int) -> str:
+    """What to do about groups that scored alike, by which kind dominates."""
+    if all_right > all_wrong:
+        return (
+            "the tasks are too easy for the model: train on harder ones (a curriculum section "
+            "keeps them at its level)"
+        )
+    return (
+        f"raise rollout.rollouts_per_task (--rollout.rollouts_per_task {2 * rollouts_per_task}), "
+        "add a curriculum section of easier tasks, or warm-start with `looprl bootstrap` (or "
+        "`looprl sft` on traces)"
+    )
+
+
 class NoGradientWarning:
-    """Warns once per run, at the first step with no gradient, with what to do about it."""
+    """Says when the groups stop teaching, with the fix: once per streak, and once at the end.
+
+    A step where at least half the groups scored alike (zero reward variance, so zero advantage)
+    extends a streak; a step with fewer ends it. The streak is warned about once, when it
+    reaches `STREAK_STEPS` steps or at once when a step had no gradient at all, in one line:
+    `step 7: 12 of 16 groups scored alike for 3 steps (no learning signal from them: 10 all
+    solved, 2 all failed): the tasks are too easy ...`. `finish` adds one line when most of the
+    steps this process ran were such. The counts are the step's `train/zero_var_frac`,
+    `train/groups_all_correct_frac` and `train/groups_all_wrong_frac` times `train/groups_used`.
+    """
 
     def __init__(self, rollouts_per_task: int, warn: Callable[[str], None]) -> None:
         self.rollouts_per_task = rollouts_per_task
         self.warn = warn
-        self.warned = False
+        self.streak = 0
+        self.warned = False  # this streak was warned about
+        self.steps = self.mostly_alike = self.no_gradient = 0
+        self.right = self.wrong = 0  # groups alike and all solved / none solved, over the run
 
     def check(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Warn if `metrics` (a step's) show no gradient and no warning was given yet."""
-        if self.warned or not no_gradient(metrics):
+        """Count step `step`'s alike groups; warn at the streak's `STREAK_STEPS`-th step (or now)."""
+        groups, alike, right, wrong = _alike(metrics)
+        none = no_gradient(metrics)
+        self.steps += 1
+        self.right, self.wrong = self.right + right, self.wrong + wrong
+        if not (none or 2 * alike >= groups > 0):
+            self.streak, self.warned = 0, False
+            return
+        self.streak += 1
+        self.mostly_alike += 1
+        self.no_gradient += none
+        if self.warned or (not none and self.streak < STREAK_STEPS):
             return
         self.warned = True
-        reward = metrics.get("reward/mean")
-        at = f" (reward {reward:.3f})" if isinstance(reward, int | float) else ""
+        span = f" for {self.streak} steps" if self.streak > 1 else ""
+        what = "no update ran" if metrics.get("train/uniform_steps_skipped") == 1 else "no gradient"
         self.warn(
-            f"step {step} had no gradient: every group's {self.rollouts_per_task} rollouts got "
-            f"the same reward{at}, so no sample has a non-zero advantage — use larger groups "
-            f"(--rollout.rollouts_per_task {2 * self.rollouts_per_task}), easier tasks or a "
-            "curriculum, or warm-start the model with `looprl sft` (if every rollout already "
-            "succeeds, the tasks are too easy)"
+            f"step {step}: {alike} of {groups} groups scored alike{span} (no learning signal "
+            f"from them: {right} all solved, {wrong} all failed{'; ' + what if none else ''}): "
+            + signal_fix(right, wrong, self.rollouts_per_task)
+        )
+
+    def finish(self) -> None:
+        """One line at the end of a run most of whose steps had most groups scored alike."""
+        if 2 * self.mostly_alike <= self.steps:
+            return
+        self.warn(
+            f"{self.mostly_alike} of this run's {self.steps} steps had most groups scored alike "
+            f"({self.no_gradient} with no learning signal at all; alike groups: {self.right} all "
+            f"solved, {self.wrong} all failed): "
+            + signal_fix(self.right, self.wrong, self.rollouts_per_task)
         )
 
 

@@ -156,6 +156,7 @@ class Trainer:
             value_head=self.value_head, ref_model=ref, dist=self.dist,
             shared_prefix=cfg.trainer.shared_prefix,
             prefix_row_tokens=cfg.trainer.prefix_row_tokens,
+            skip_uniform_steps=cfg.trainer.skip_uniform_steps,
         )  # fmt: skip
 
     def _open_run(self) -> None:
@@ -329,6 +330,7 @@ class Trainer:
                 break
         await source.close()
         errored.check_trained()  # a run that never updated exports nothing
+        no_gradient.finish()  # a line when most steps had most groups scored alike
         self._export()
         self._plot()
         await self.engine.close()

@@ -6,11 +6,14 @@ prepare (collate micro-batches; old and reference logprobs, values and GAE witho
 micro-batch losses equal the loss of the whole batch. A step whose loss or gradient norm is not
 finite is skipped (gradients dropped, weights and optimizer state untouched) and counted as
 `nonfinite_skipped`; the scheduler still steps once per batch, so the learning rate stays a
-function of the step number and a resumed run follows the same schedule.
+function of the step number and a resumed run follows the same schedule. A batch with no
+gradient at all (`_with_gradient` keeps no sample) runs no model; with `skip_uniform_steps` it
+takes no optimizer step either (`_uniform_batch`), counted as `uniform_steps_skipped`.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +66,7 @@ class UpdateContext:
     dist: D.Dist | None = None  # under torchrun: this rank trains on its share of the samples
     shared_prefix: bool = True  # forward micro-batches as prefix trees (trainer.shared_prefix)
     prefix_row_tokens: int = 1024  # nodes per prefix-tree row (trainer.prefix_row_tokens)
+    skip_uniform_steps: bool = False  # no optimizer step on a batch with no gradient (trainer.*)
 
 
 @dataclass
@@ -144,30 +148,41 @@ def _with_gradient(algo: AlgorithmConfig, samples: list[Sample]) -> list[Sample]
     With no KL, entropy or value term every policy loss is a multiple of the sequence's advantage,
     so a zero-advantage sample (a uniform group under GRPO) contributes an exactly zero gradient
     and skipping its forward and backward changes nothing but the time. When all are zero the
-    list is empty: `train_on_batch` then steps on zero gradients without running the model.
+    list is empty: `train_on_batch` then runs no model (`_uniform_batch`).
     """
     if algo.kl_coef > 0 or algo.entropy_coef > 0 or algo.uses_value_head:
         return samples
     return [s for s in samples if s.advantage != 0.0]
 
 
-def _step_on_zero_gradients(ctx: UpdateContext, train_tokens: float) -> dict[str, float]:
-    """Every sample's gradient is exactly zero: take the optimizer steps on zero gradients (weight
-    decay and the moments move exactly as after a forward and backward that gave zeros), no model.
+def _uniform_batch(ctx: UpdateContext, train_tokens: float) -> dict[str, float]:
+    """Every sample's gradient is exactly zero (every advantage 0, no KL, entropy or value term).
 
-    Every rank decides alike (each sees the whole batch), so FSDP runs no collective here.
+    With `ctx.skip_uniform_steps` no optimizer step is taken: the weights and AdamW's state stay
+    bit-identical. AdamW on zero gradients would still move them: by `lr * weight_decay * w`,
+    and by its momentum `lr * m_hat / (sqrt(v_hat) + eps)` along the recent informative
+    gradients, each such step beta1 / sqrt(beta2) (0.90 at 0.9, 0.99) as far as the one before,
+    about ten informative steps' worth in all.
+    Without it the optimizer takes its `updates_per_batch` steps on zero gradients, exactly as
+    after a forward and backward that gave zeros. Either way no model runs, and the scheduler
+    ticks once, so the learning rate stays a function of the step number (as for a non-finite
+    step). Every rank decides alike (each sees the whole batch), so FSDP runs no collective here.
     """
-    params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
-    for _epoch in range(ctx.algo.updates_per_batch):
-        ctx.optimizer.zero_grad(set_to_none=True)
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        ctx.optimizer.step()
-    ctx.scheduler.step()
+    if not ctx.skip_uniform_steps:
+        params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
+        for _epoch in range(ctx.algo.updates_per_batch):
+            ctx.optimizer.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            ctx.optimizer.step()
+    with warnings.catch_warnings():  # a run whose first batch is skipped: the tick is on purpose
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
+        ctx.scheduler.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return {
         "loss": 0.0, "grad_norm": 0.0, "nonfinite_skipped": 0.0, "forward_tokens": 0.0,
         "forward_positions": 0.0, "train_tokens": train_tokens,
+        "uniform_steps_skipped": float(ctx.skip_uniform_steps),
         "lr": float(ctx.scheduler.get_last_lr()[0]),
     }  # fmt: skip
 
@@ -226,7 +241,7 @@ def train_on_batch(
     masks = [torch.tensor(s.mask[1:], dtype=torch.float32)[None] for s in samples]  # (1, T-1)
     moving = _with_gradient(algo, samples)
     if not moving:
-        return _step_on_zero_gradients(ctx, float(sum(float(m.sum()) for m in masks)))
+        return _uniform_batch(ctx, float(sum(float(m.sum()) for m in masks)))
     ctx.model.train()
     norm = batch_normalizer(algo.aggregation, masks, max_len=algo.max_len)
     prepared = _prepare(ctx, moving)
@@ -284,6 +299,7 @@ def train_on_batch(
     for norm_value in grad_norms:  # over the steps taken: a skipped step's norm is not finite
         out["grad_norm"] = out.get("grad_norm", 0.0) + norm_value / len(grad_norms)
     out["nonfinite_skipped"] = float(nonfinite)
+    out["uniform_steps_skipped"] = 0.0
     out["train_tokens"] = float(sum(float(m.sum()) for m in masks))
     out["lr"] = float(ctx.scheduler.get_last_lr()[0])
     ctx.model.eval()
