@@ -21,8 +21,10 @@ from looprl.trainer.monitors.config import MonitorsSection
 if TYPE_CHECKING:
     from looprl.algorithms.presets import AlgorithmConfig
 
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
 
 class ModelSection(_Section):
     """Which model to train."""
@@ -80,6 +82,7 @@ class ModelSection(_Section):
     def _template_exists(cls, value: str | None) -> str | None:
         return check_template_choice(value)
 
+
 class EnvSection(_Section):
     """Which environment to train on (or a mixture of several)."""
 
@@ -87,6 +90,7 @@ class EnvSection(_Section):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="arguments to load_environment"
     )
+
 
 class RolloutSection(_Section):
     """How batches are sampled."""
@@ -110,6 +114,7 @@ class RolloutSection(_Section):
     max_refill_rounds: int = Field(
         3, ge=0, description="dynamic sampling: extra rounds to replace zero-variance groups"
     )
+
 
 class AlgorithmSection(_Section):
     """The RL algorithm: a preset plus field overrides (see looprl/algorithms/presets.py)."""
@@ -151,6 +156,7 @@ class AlgorithmSection(_Section):
             algo = dataclasses.replace(algo, use_tis=False)
         return algo
 
+
 class OptimSection(_Section):
     """Optimizer and schedule."""
 
@@ -172,6 +178,7 @@ class OptimSection(_Section):
     value_lr: float | None = Field(
         None, gt=0, description="learning rate of the PPO value head (default: 10x lr)"
     )
+
 
 class TrainerSection(_Section):
     """The loop: steps, batching, evaluation, checkpoints."""
@@ -269,6 +276,7 @@ class TrainerSection(_Section):
         """The per-token staleness bound in force: `max_staleness`, else `max_async_steps`."""
         return self.max_async_steps if self.max_staleness is None else self.max_staleness
 
+
 class RunSection(_Section):
     """Where the run lives."""
 
@@ -295,6 +303,7 @@ class RunSection(_Section):
     wandb_rollouts: int = Field(
         4, ge=0, description="episodes per step in the W&B rollouts table (a few: one table a step)"
     )
+
 
 class TrainConfig(_Section):
     """The whole training configuration (`looprl train CONFIG.toml`)."""
@@ -331,6 +340,7 @@ class TrainConfig(_Section):
         if (n := self.rollout.max_inflight_groups) is not None and n < self.rollout.tasks_per_step:
             raise ValueError("rollout.max_inflight_groups < rollout.tasks_per_step: raise it")
         return self
+
 
 RENAMED = {
     "trainer.one_step_ahead": " (it became trainer.max_async_steps: one_step_ahead = true is "
@@ -380,6 +390,7 @@ FOREIGN_NAMES: dict[str, tuple[str, str]] = {
 }
 """Field names of TRL and verifiers that people type, with looprl's field (and a note)."""
 
+
 def foreign_name_hint(key: str, dash: str = "--") -> str:
     """`did you mean --optim.lr? learning_rate is TRL's or verifiers' name for it` for a field name of
     TRL or verifiers, or `did you mean --optim.lr?` for a looprl field placed in the wrong
@@ -398,8 +409,10 @@ def foreign_name_hint(key: str, dash: str = "--") -> str:
         return f"did you mean {dash}{homes[0]}?"
     return ""
 
+
 class ConfigError(ValueError):
     """A configuration problem, with a message naming the field and the fix."""
+
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
@@ -409,6 +422,7 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--{dotted}: {key} is not a section")
     node[keys[-1]] = value
+
 
 def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
     """`['--optim.lr', '1e-5', '--trainer.steps=3']` -> {'optim.lr': 1e-05, 'trainer.steps': 3}."""
@@ -434,6 +448,7 @@ def parse_cli_overrides(items: list[str]) -> dict[str, Any]:
             out[key.replace("-", "_")] = raw
     return out
 
+
 def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
     """` (did you mean trainer.steps?)` for an unknown field near a known one (`--` on the CLI)."""
     if kind != "extra_forbidden":
@@ -447,6 +462,7 @@ def _did_you_mean(loc: str, kind: str, overrides: dict[str, Any]) -> str:
         known += [f"{section}.{f}" for f in getattr(info.annotation, "model_fields", {})]
     close = difflib.get_close_matches(loc, known, n=1, cutoff=0.6)
     return f" (did you mean {dash}{close[0]}?)" if close else ""
+
 
 def load_config(
     path: str | Path | None,
@@ -478,6 +494,7 @@ def load_config(
             hint = RENAMED.get(loc, "") or _did_you_mean(loc, err["type"], overrides or {})
             lines.append(f"{loc}: {err['msg']}{hint}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
 
 def recorded_config(run_dir: str | Path) -> dict[str, Any]:
     """The config a run was started with (the `config` record of its `config.json`).

@@ -49,7 +49,6 @@ METRICS: dict[str, str] = {
     "async/tokens_too_stale": "sampled tokens masked out of the loss as staler than max_staleness",
     "async/episodes_too_stale": "episodes dropped because every sampled token was too stale",
     "async/logprob_gap_lag<k>": "mean absolute trainer - sampler logprob gap of trained tokens of lag k (0, 1, 2, 3plus)",
-
     "stream/groups_carried": "streaming: finished groups left in the queue for later steps",
     "stream/trainer_wait_s": "streaming: seconds the step waited for its groups",
     "stream/trainer_wait_frac": "streaming: that wait over the step's wall time",
@@ -203,9 +202,11 @@ _PATTERNS = [
     for name in METRICS
 ]
 
+
 def declared(key: str) -> bool:
     """Whether a metric key is in the vocabulary."""
     return any(p.match(key) for p in _PATTERNS)
+
 
 def check_metric_name(key: str) -> str:
     """`key` if it is a metric key; a ValueError naming the key to write instead otherwise.
@@ -222,9 +223,11 @@ def check_metric_name(key: str) -> str:
         raise ValueError(f"{key!r} is not a metric key; docs/metrics.md lists them")
     return key
 
+
 def upgrade_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """A `metrics.jsonl` row with any bare name of before the namespaces renamed (`OLD_NAMES`)."""
     return {OLD_NAMES.get(k, k): v for k, v in row.items()}
+
 
 def update_metrics(stats: Mapping[str, float], seconds: float) -> dict[str, float]:
     """The metrics of an update: its statistics (short names) under their keys, time, throughput.
@@ -243,6 +246,7 @@ def update_metrics(stats: Mapping[str, float], seconds: float) -> dict[str, floa
     # tokens that went through forward and backward (zero-advantage samples are skipped)
     out["train/tokens_per_s"] = stats.get("forward_tokens", 0.0) / max(seconds, 1e-9)
     return out
+
 
 def batch_metrics(summary: Summary, num_episodes: int) -> dict[str, float]:
     """The metrics of a training batch's episodes."""
@@ -264,6 +268,7 @@ def batch_metrics(summary: Summary, num_episodes: int) -> dict[str, float]:
             out[f"env/{env_name}/reward"] = row["reward"]
         out.update({f"env/{env_name}/{k}": v for k, v in row.get("rewards", {}).items()})
     return out
+
 
 def eval_metrics(summary: Summary) -> dict[str, float]:
     """The metrics of a held-out evaluation (prefixed `eval/`)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Callable, Coroutine
@@ -19,11 +18,12 @@ from looprl.files import write_text_atomically
 from looprl.models.weights import frozen_copy
 from looprl.rendering.renderer import Renderer
 from looprl.rendering.templates import set_chat_template
-from looprl.rollout.loop import RolloutConfig, run_groups
+from looprl.rollout.loop import RolloutConfig
 from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, AheadSource, Batch
 from looprl.trainer.batch import StalenessBound, samples_from_groups
+from looprl.trainer.collect import Collector, TaskStream, step_seed
 from looprl.trainer.config import ConfigError, TrainConfig
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
@@ -33,15 +33,10 @@ from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhase
 from looprl.trainer.run_config import absolute_paths
 from looprl.trainer.run_lock import RunLock, check_run_free, run_stamp
 from looprl.trainer.run_summary import RunStatus, write_run_summary
-from looprl.trainer.streaming import StreamSource, has_variance, open_stream
+from looprl.trainer.streaming import StreamSource, open_stream
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
-from looprl.types import EpisodeResult, SamplingParams, Task
-
-
-def step_seed(seed: int, step: int, tag: str = "train") -> int:
-    """A per-step sampling seed, so a resumed run samples exactly what the original would have."""
-    return int.from_bytes(hashlib.sha256(f"{seed}|{tag}|{step}".encode()).digest()[:4], "little")
+from looprl.types import EpisodeResult, SamplingParams
 
 
 class Trainer:
@@ -81,7 +76,6 @@ class Trainer:
         self.cursor = 0
         self.stopped_early = False  # set when trainer.early_stop_metric reached its value
         self.phases = StepPhases(cfg.trainer.steps, out=None)  # _loop's, shown on rank 0
-        self._task_stream: tuple[int, Any] | None = None
         self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
         self._stream_state: dict[str, Any] | None = None
 
@@ -111,6 +105,11 @@ class Trainer:
         self.sampling = SamplingParams(
             max_tokens=cfg.rollout.max_tokens or self.env.limits.max_tokens_per_turn,
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+        )  # fmt: skip
+        self.collector = Collector(
+            cfg, self.env, self.engine, self.renderer, self.sampling,
+            TaskStream(self.env, cfg.trainer.seed), self.algo.dynamic_sampling, self.dist,
+            self.placement.main_only,
         )  # fmt: skip
 
     def _build_policy(self) -> None:
@@ -343,7 +342,7 @@ class Trainer:
             return AheadSource(ahead, self.cfg.trainer, release=self.placement.release_idle_memory)
         return open_stream(
             self.cfg, self.env, self.engine, renderer=self.renderer, sampling=self.sampling,
-            task_at=lambda p: self._tasks(p, 1)[0], dynamic=self.algo.dynamic_sampling,
+            task_at=lambda p: self.collector.tasks.take(p, 1)[0], dynamic=self.algo.dynamic_sampling,
             cursor=self.cursor, saved=self._stream_state, step=self.step,
             run_dir=self.run_dir if self.is_main else None,
         )  # fmt: skip
@@ -353,50 +352,11 @@ class Trainer:
         if after is not None:
             await asyncio.wait({after})
         version = self.engine.policy_version
-        groups, seconds, used = await self._collect(step, self.cursor)
+        groups, seconds, used = await self.collector.collect(step, self.cursor)
         self.cursor += used
         for ep in (ep for g in groups for ep in g):
             ep.policy_version = version
         return Batch(groups, seconds, version, self.cfg.trainer.max_async_steps)
-
-    async def _collect(
-        self, step: int, cursor: int
-    ) -> tuple[list[list[EpisodeResult]], float, int]:
-        """Roll out one batch of groups; with dynamic sampling replace zero-variance groups."""
-        rc = self.cfg.rollout
-        start = time.perf_counter()
-        config = RolloutConfig(sampling=self.sampling, seed=step_seed(self.cfg.trainer.seed, step))
-        kept: list[list[EpisodeResult]] = []
-        used = 0
-        for _round in range(1 + (rc.max_refill_rounds if self.algo.dynamic_sampling else 0)):
-            need = rc.tasks_per_step - len(kept)
-            tasks = self._tasks(cursor + used, need)
-            used += need
-            groups = await D.run_shared(  # under torchrun: this rank's groups, then all of them
-                self.dist, [(t, list(range(rc.rollouts_per_task))) for t in tasks],
-                lambda share: run_groups(
-                    self.env, self.engine, share, renderer=self.renderer, config=config,
-                    max_concurrent_groups=rc.max_concurrent_groups,
-                ), main_only=self.placement.main_only,  # servers: rank 0 alone drives them
-            )  # fmt: skip
-            if not self.algo.dynamic_sampling:
-                return groups, time.perf_counter() - start, used
-            kept += [g for g in groups if has_variance(g)]
-            if len(kept) >= rc.tasks_per_step:
-                break
-        return kept or groups, time.perf_counter() - start, used
-
-    def _tasks(self, cursor: int, n: int) -> list[Task]:
-        """`n` training tasks from position `cursor` of the seeded stream (reusing the open stream)."""
-        if self._task_stream is None or self._task_stream[0] != cursor:
-            self._task_stream = (
-                cursor,
-                self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor),
-            )
-        it = self._task_stream[1]
-        tasks = [next(it) for _ in range(n)]
-        self._task_stream = (cursor + n, it)
-        return tasks
 
     def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
         """Advantages and the optimizer update for one batch; returns training metrics. The
