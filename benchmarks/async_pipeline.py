@@ -9,10 +9,11 @@ accuracy after the same number of steps. Measures; asserts nothing.
     .venv/bin/python -m benchmarks.async_pipeline --engine vllm    # needs the vLLM venv
     .venv/bin/python -m benchmarks.async_pipeline --quick          # smoke-sized
 
-Modes: `barrier` (trainer.max_async_steps = 0), `async` (k = `--k`, batches generated ahead) and
-`streaming` (trainer.streaming, k = `--k`): a sync holds new requests and waits for those being
-generated; its row reads `streaming+in-flight` when the engine declares `in_flight_updates`
-(weights swapped while requests decode), which the trainer then uses. The first step (the
+Modes: `barrier` (trainer.max_async_steps = 0), `async` (k = `--k`, batches generated ahead),
+`streaming` (trainer.streaming, k = `--k`, trainer.in_flight_updates = false: a sync holds new
+requests and waits for those being generated) and `streaming+in-flight` (the engine swaps the
+weights between decode steps and every request goes on; run when the engine declares
+`in_flight_updates`). The first step (the
 pipeline filling) and the last (it holds the evaluation) are left out of the per-step numbers.
 Wait share = 1 - (update + sync seconds) / step wall time: the share of the step the trainer
 was not computing, the same formula in every mode; beside it, streaming's own count
@@ -42,7 +43,8 @@ console = Console(width=200)  # a table, not a terminal layout: never wrap or cu
 MODES: dict[str, dict[str, Any]] = {
     "barrier": {"trainer.streaming": False, "async": False},
     "async": {"trainer.streaming": False, "async": True},
-    "streaming": {"trainer.streaming": True, "async": True},
+    "streaming": {"trainer.streaming": True, "trainer.in_flight_updates": False, "async": True},
+    "streaming+in-flight": {"trainer.streaming": True, "async": True},
 }
 """Each mode's settings; `async` means trainer.max_async_steps = --k (else 0)."""
 
@@ -171,11 +173,10 @@ def main() -> None:
 
         vllm_python(install=False)  # no venv: one line saying `make vllm`
     in_flight = in_flight_engine(args.engine)
-    label = {"streaming": "streaming+in-flight" if in_flight else "streaming"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:
-            results[label.get(mode, mode)] = summarize(train(mode, args, Path(tmp)))
+        for mode in MODES if in_flight else [m for m in MODES if m != "streaming+in-flight"]:
+            results[mode] = summarize(train(mode, args, Path(tmp)))
     console.print(table(args, results))
     if not in_flight:
         console.print(f"streaming+in-flight: not run, the {args.engine} engine declares no "

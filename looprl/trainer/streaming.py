@@ -324,11 +324,12 @@ class StreamSource:
 def open_stream(
     cfg: TrainConfig, env: Environment, engine: TrainableEngine, *, renderer: Renderer,
     sampling: SamplingParams, task_at: Callable[[int], Task], dynamic: bool, cursor: int,
-    saved: dict[str, Any] | None, step: int, run_dir: Path | None,
+    saved: dict[str, Any] | None, step: int, run_dir: Path | None, in_flight: bool,
 ) -> StreamSource:  # fmt: skip
     """The streaming source of a run at `step` (a checkpoint's `saved` stream state when
     resumed): groups of `rollout.rollouts_per_task` episodes from task position `cursor` on.
-    `run_dir` (rank 0's) holds the ledger, cut back to `step`."""
+    `run_dir` (rank 0's) holds the ledger, cut back to `step`. `in_flight`: the placement can
+    sync while requests generate (`trainer.in_flight_updates` may still turn it off)."""
     rc, tc = cfg.rollout, cfg.trainer
     gate = RequestGate(engine)
 
@@ -353,7 +354,7 @@ def open_stream(
         truncate_ledger(ledger, step)
     return StreamSource(
         stream, gate, max_staleness=tc.max_async_steps,
-        in_flight=bool(getattr(engine, "in_flight_updates", False)), ledger=ledger,
+        in_flight=in_flight and tc.in_flight_updates, ledger=ledger,
     )  # fmt: skip
 
 

@@ -345,6 +345,7 @@ class Trainer:
             task_at=lambda p: self.collector.tasks.take(p, 1)[0], dynamic=self.algo.dynamic_sampling,
             cursor=self.cursor, saved=self._stream_state, step=self.step,
             run_dir=self.run_dir if self.is_main else None,
+            in_flight=self.placement.in_flight_updates,
         )  # fmt: skip
 
     async def _collect_chained(self, step: int, after: asyncio.Task[Batch] | None) -> Batch:
