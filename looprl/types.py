@@ -439,6 +439,9 @@ class Generation:
     completion_tokens: int | None = None
     """Sampled tokens as the server counted them (`usage`); None when unknown. Token-level
     engines' own count is `len(token_ids)`."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version whose weights sampled each token of `token_ids` (one per token); empty
+    when the engine does not track it (one version, the episode's `policy_version`, sampled all)."""
 
 
 class Summary(TypedDict):
