@@ -29,24 +29,22 @@ SAME = 1e-4  # |logprob| difference of one computation done twice (float32, pref
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The tiny model, its tokenizer and its export (a server loads it)."""
-    from looprl.models.loading import load_model
+def model_dir(tiny, tmp_path_factory) -> Path:
+    """The tiny model exported for the server to load."""
     from looprl.trainer.checkpoint.single import export_hf
 
-    model, tokenizer = load_model("tiny")
-    model_dir = tmp_path_factory.mktemp("tiny-hf")
-    export_hf(model, tokenizer, model_dir)
-    return model, tokenizer, model_dir
+    path = tmp_path_factory.mktemp("tiny-hf")
+    export_hf(*tiny, path)
+    return path
 
 
 @pytest.fixture(scope="module")
-def server(tiny):
+def server(model_dir):
     """One vLLM server with LoRA enabled (rank 8) for the module's engines."""
     from looprl.engines.vllm_engine import lora_args
     from looprl.engines.vllm_server import VLLMServer
 
-    with VLLMServer(tiny[2], max_model_len=2048, extra_args=lora_args(8)) as srv:
+    with VLLMServer(model_dir, max_model_len=2048, extra_args=lora_args(8)) as srv:
         yield srv
 
 
