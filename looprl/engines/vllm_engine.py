@@ -1,8 +1,9 @@
 """Train against vLLM servers: token-level rollouts, weight sync after each step, several servers.
 
-`VLLMEngine` is a `TrainableEngine`. It samples through vLLM's `/v1/completions` with prompt
-token ids in and sampled ids plus logprobs out (`OpenAIEngine(token_level=True)`), so the
-rollout's token-exact invariants hold as with `TorchEngine`. It either starts its own servers
+`VLLMEngine` is a `TrainableEngine`. It samples through vLLM's `/inference/v1/generate` with
+prompt token ids in and sampled ids, logprobs and each token's weight version out
+(`looprl.engines.vllm_client`), so the rollout's token-exact invariants hold as with
+`TorchEngine`. It either starts its own servers
 (`num_servers` of them, on the model directory it is given, stopped on every exit path) or uses
 servers the user started (`base_urls`, never stopped by looprl).
 
@@ -13,6 +14,15 @@ servers the user started (`base_urls`, never stopped by looprl).
 - **LoRA.** With `lora_rank`, servers start with `--enable-lora` and `load_adapter(dir, version)`
   hot-loads each step's adapter as `policy-vN` (`/v1/load_lora_adapter`); requests name the
   adapter they were sampled with, and the previous one is unloaded.
+- **In-flight updates** (`in_flight_updates = True`). `sync_weights` and `load_adapter` may run
+  while requests are in flight, e.g. from a thread beside the event loop that samples. Each
+  pauses every server with `mode=keep` (the engine step under way finishes, nothing runs until
+  the resume), swaps the weights, labels them with the policy version, preempts the running
+  requests (their keys and values are computed again by the new weights) and resumes: a request
+  continues, its later tokens sampled by the new weights over its whole context, and
+  `Generation.versions` splits at the exact token (vLLM stamps each step's output with the label).
+  A running request cannot change adapter: an adapter sync aborts the requests in flight while
+  paused and each client sends its request again, its tokens so far appended to the prompt.
 - **Weight sync.** `sync_weights(state, version)` writes the weights as safetensors into a new
   directory under a RAM-backed folder (`/dev/shm` when it exists), atomically (write, then
   rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older

@@ -10,7 +10,10 @@ error) once the server failed to start, died, or failed a reload, since then its
 evidence. Paths in `remove_if_orphaned` (the trainer's files in RAM) are removed by the shim
 when the trainer dies without stopping the server. `reload_weights(dir)` swaps in new
 safetensors weights through vLLM's `collective_rpc` (the dev-mode endpoint) and drops the
-prefix cache, whose keys and values belong to the old weights.
+prefix cache, whose keys and values belong to the old weights. `paused(roots, version=v)` holds
+generation while a block swaps weights, requests in flight kept (`/pause?mode=keep`), and on the
+way out labels the weights `v`, preempts the running requests and resumes. `--enable-scale-out`
+serves `/inference/v1/generate`, whose answers carry each token's weight label.
 
 Options chosen for a CPU: `--enforce-eager` (no compile warm-up: start-up 25 s instead of about
 100 s for the tiny model), float32, `--logprobs-mode processed_logprobs` (logprobs after
