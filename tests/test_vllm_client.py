@@ -86,3 +86,18 @@ def test_a_reply_without_a_logprob_per_token_is_an_error(tiny_tokenizer) -> None
         gen = asyncio.run(client.generate(request()))
     assert gen.finish_reason == "error"
     assert gen.error == "vLLM: 1 logprobs for 2 sampled tokens"
+
+
+def test_a_server_that_fails_during_a_pause_leaves_the_others_resumed() -> None:
+    from looprl.engines.vllm_server import VLLMServerError, free_port, paused
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with FakeOpenAIServer() as srv:
+        live = srv.base_url.removesuffix("/v1")
+        with pytest.raises(VLLMServerError, match=f"POST {dead}/"), paused([live, dead], version=4):
+            pass
+        sent = [(r.path, r.json) for r in srv.requests]
+    assert [path for path, _ in sent] == [
+        "/pause", "/update_weight_version", "/reset_prefix_cache", "/resume",
+    ]  # fmt: skip
+    assert sent[1][1] == {"new_version": "4"}

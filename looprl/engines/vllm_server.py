@@ -96,15 +96,25 @@ def paused(roots: list[str], *, version: int) -> Iterator[None]:
     values, computed by the old weights, are dropped and computed again by the new ones before
     their next token) and resumes.
     """
-    for root in roots:
-        post_admin(f"{root}/pause", params={"mode": "keep"})
     try:
-        yield
-    finally:
         for root in roots:
-            post_admin(f"{root}/update_weight_version", {"new_version": str(version)})
-            post_admin(f"{root}/reset_prefix_cache", params={"reset_running_requests": "true"})
-            post_admin(f"{root}/resume")
+            post_admin(f"{root}/pause", params={"mode": "keep"})
+        yield
+    finally:  # every server resumes, even when one of them failed
+        failed = [problem for root in roots if (problem := _resume(root, version))]
+        if failed:
+            raise VLLMServerError("; ".join(failed))
+
+
+def _resume(root: str, version: int) -> str | None:
+    """Label, preempt and resume the server at `root` (see `paused`); what failed, or None."""
+    try:
+        post_admin(f"{root}/update_weight_version", {"new_version": str(version)})
+        post_admin(f"{root}/reset_prefix_cache", params={"reset_running_requests": "true"})
+        post_admin(f"{root}/resume")
+    except VLLMServerError as exc:
+        return str(exc)
+    return None
 
 
 def url_problem(base_url: str, timeout: float = 5.0) -> str | None:
