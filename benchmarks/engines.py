@@ -5,8 +5,9 @@ Three samplers get the same prompts (token ids) at 1, 4, 16, 64 concurrent reque
 - `torch`: looprl's TorchEngine in this process (`await engine.generate(...)` per request,
   gathered), no prefix cache.
 - `vllm`: a `VLLMServer` (the CPU build, float32, eager, in its own venv) on the same model
-  directory, driven through `OpenAIEngine(token_level=True)`, the client training uses
-  (`/v1/completions`, prompt ids in, ids plus logprobs out, one seed per request).
+  directory, driven through `OpenAIEngine(token_level=True)` (`/v1/completions`, prompt ids in,
+  ids plus logprobs out, one seed per request; training's `VLLMTokenClient` asks
+  `/inference/v1/generate` of the same engine instead, for each token's weight version).
 - `hf-cb`: transformers' own continuous batching (`model.continuous_batching_context_manager`,
   the machinery behind `model.generate_batch`), one manager per concurrency level sized to it
   (`num_blocks`; its default sizing takes ~17 s to set up on this CPU). It takes one seed per

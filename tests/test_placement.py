@@ -227,7 +227,7 @@ def test_lora_servers_hot_load_each_steps_adapter(model, server) -> None:
         config = json.loads((Path(load["lora_path"]) / "adapter_config.json").read_text())
         assert config["r"] == peft.peft_config["default"].r
         asyncio.run(placement.engine.generate(GenerationRequest(prompt_ids=PROMPT)))
-        (sampled,) = [r.json for r in server.requests if r.path == "/v1/completions"]
+        (sampled,) = [r.json for r in server.requests if r.path == "/inference/v1/generate"]
         assert sampled["model"] == "policy-v3"  # requests name the adapter they sample with
     finally:
         asyncio.run(placement.engine.close())

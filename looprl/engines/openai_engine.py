@@ -37,7 +37,7 @@ import httpx
 
 from looprl.engines.base import GenerationRequest
 from looprl.rendering.parser import strict_loads
-from looprl.types import FinishReason, Generation, Message, ToolCall
+from looprl.types import FinishReason, Generation, Message, SamplingParams, ToolCall
 
 _TOKEN_ID_PREFIX = "token_id:"
 _MAX_RETRY_AFTER_S = 60.0
@@ -115,14 +115,14 @@ class OpenAIEngine:
                 path, payload = "/completions", self._completion_payload(request)
             else:
                 path, payload = "/chat/completions", self._chat_payload(request)
-            data = await self._post(path, payload)
+            data = await self.post(path, payload)
             if self.token_level:
                 gen = self._parse_completion(data)
                 check_sampled(gen.token_ids or [], gen.logprobs or [], request, self.tokenizer)
             else:
                 gen = self._parse_chat(data)
             gen.prompt_tokens, gen.completion_tokens = _usage(data)
-        except _RequestFailed as e:
+        except RequestFailed as e:
             self.stats["errors"] += 1
             gen = Generation(text="", finish_reason="error", error=f"OpenAIEngine: {e}")
         gen.seconds = time.perf_counter() - start
@@ -143,7 +143,7 @@ class OpenAIEngine:
     def _chat_payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The `/chat/completions` body for a message-level request."""
         if not request.messages:
-            raise _RequestFailed(
+            raise RequestFailed(
                 "message-level request has no messages; fill GenerationRequest.messages"
             )
         body: dict[str, Any] = {
@@ -152,13 +152,13 @@ class OpenAIEngine:
         }
         if request.tools:
             body["tools"] = request.tools
-        body.update(self._sampling_fields(request))
+        body.update(self.sampling_fields(request.sampling))
         return body
 
     def _completion_payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The `/completions` body for a token-level request (vLLM token ids in, token ids out)."""
         if request.prompt_ids is None:
-            raise _RequestFailed(
+            raise RequestFailed(
                 "token_level=True needs GenerationRequest.prompt_ids (the rendered prompt token "
                 "ids); use token_level=False to send chat messages instead"
             )
@@ -168,13 +168,12 @@ class OpenAIEngine:
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
         }
-        body.update(self._sampling_fields(request))
+        body.update(self.sampling_fields(request.sampling))
         return body
 
     @staticmethod
-    def _sampling_fields(request: GenerationRequest) -> dict[str, Any]:
+    def sampling_fields(s: SamplingParams) -> dict[str, Any]:
         """Sampling parameters shared by both endpoints (top_k, a vLLM extra, only when set)."""
-        s = request.sampling
         out: dict[str, Any] = {
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
@@ -196,13 +195,13 @@ class OpenAIEngine:
             self._clients = _ClientPool(self.max_concurrency, headers, self.timeout, loop)
         return self._clients
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST with bounded concurrency and retries; raise `_RequestFailed` with the last error."""
+    async def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST with bounded concurrency and retries; raise `RequestFailed` with the last error."""
         url = self.base_url + path
         try:
             body = json.dumps(payload).encode()
         except (TypeError, ValueError) as e:
-            raise _RequestFailed(f"the request is not JSON-serializable ({e}); check tools") from e
+            raise RequestFailed(f"the request is not JSON-serializable ({e}); check tools") from e
         attempts = self.max_retries + 1
         last_error = ""
         retry_after: float | None = None
@@ -219,12 +218,12 @@ class OpenAIEngine:
             self.stats["http_errors"] += 1
             last_error = f"HTTP {resp.status_code}: {_snippet(resp)}"
             if resp.status_code != 429 and resp.status_code < 500:
-                raise _RequestFailed(
+                raise RequestFailed(
                     f"POST {url} was rejected with {last_error} (client errors are not retried; "
                     f"check the model name {self.model!r} and the request fields)"
                 )
             retry_after = _retry_after(resp)
-        raise _RequestFailed(
+        raise RequestFailed(
             f"POST {url} failed after {attempts} attempt(s); last error: {last_error}"
         )
 
@@ -257,7 +256,7 @@ class OpenAIEngine:
         choice = _first_choice(data)
         message = choice.get("message")
         if not isinstance(message, dict):
-            raise _RequestFailed(f"response choice has no message object: {_short(choice)}")
+            raise RequestFailed(f"response choice has no message object: {_short(choice)}")
         calls = []
         for i, c in enumerate(message.get("tool_calls") or []):
             call = _parse_tool_call(c, i)
@@ -275,14 +274,14 @@ class OpenAIEngine:
         choice = _first_choice(data)
         lp = choice.get("logprobs")
         if not isinstance(lp, dict) or not isinstance(lp.get("tokens"), list):
-            raise _RequestFailed(
+            raise RequestFailed(
                 "the server returned no logprobs for the sampled tokens; token_level=True needs a "
                 "server that supports `logprobs` and `return_tokens_as_token_ids` (e.g. vLLM)"
             )
         ids = _token_ids(lp["tokens"], choice.get("token_ids"))
         logprobs = lp.get("token_logprobs") or []
         if len(logprobs) != len(ids) or any(not isinstance(x, int | float) for x in logprobs):
-            raise _RequestFailed(
+            raise RequestFailed(
                 f"token_logprobs do not match the {len(ids)} sampled tokens: {_short(logprobs)}"
             )
         if self.tokenizer is not None:
@@ -343,7 +342,7 @@ class _ClientPool:
             await client.aclose()
 
 
-class _RequestFailed(Exception):
+class RequestFailed(Exception):
     """A request that cannot produce a Generation; its message becomes `Generation.error`."""
 
 
@@ -354,7 +353,7 @@ LOGPROB_SLACK = 1e-4
 def check_sampled(
     ids: list[int], logprobs: list[float], request: GenerationRequest, tokenizer: Any
 ) -> None:
-    """Refuse a token-level reply the trainer cannot use (a `_RequestFailed`: an infra error).
+    """Refuse a token-level reply the trainer cannot use (a `RequestFailed`: an infra error).
 
     Ids must lie in [0, vocabulary) (the tokenizer's length: an id past it decodes to nothing
     and indexes past the embedding in the update); logprobs must be finite and at most 0 (a NaN
@@ -364,19 +363,19 @@ def check_sampled(
     bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
     if bad:
         where = f"[0, {vocab})" if vocab is not None else "[0, vocabulary)"
-        raise _RequestFailed(
+        raise RequestFailed(
             f"the server sampled token ids outside {where}: {_short(bad)}; check that it serves "
             "the model whose tokenizer the trainer uses (a padded vocabulary samples such ids)"
         )
     odd = [x for x in logprobs if not math.isfinite(x) or x > LOGPROB_SLACK]
     if odd:
-        raise _RequestFailed(
+        raise RequestFailed(
             f"the server returned logprobs that are not finite or are above 0: {_short(odd)}; "
             "the sampler's numbers are broken (check its dtype and kernels)"
         )
     limit = request.sampling.max_tokens
     if len(ids) > limit:
-        raise _RequestFailed(
+        raise RequestFailed(
             f"the server returned {len(ids)} tokens where max_tokens was {limit}; it ignored the "
             "limit, so the reply cannot be trusted"
         )
@@ -424,8 +423,8 @@ def _token_ids(tokens: list[Any], fallback: Any) -> list[int]:
         if isinstance(fallback, list) and len(fallback) == len(tokens):
             return [int(t) for t in fallback]
     except (TypeError, ValueError) as e:
-        raise _RequestFailed(f"cannot read token ids from {_short(tokens)}: {e}") from e
-    raise _RequestFailed(
+        raise RequestFailed(f"cannot read token ids from {_short(tokens)}: {e}") from e
+    raise RequestFailed(
         "the server did not return token ids (logprobs tokens are text, not 'token_id:N'); "
         "token_level=True needs a server that supports return_tokens_as_token_ids, e.g. vLLM; "
         "use token_level=False for servers without it"
@@ -442,11 +441,11 @@ def _json_object(resp: httpx.Response, url: str) -> dict[str, Any]:
     try:
         data = resp.json()
     except ValueError as e:
-        raise _RequestFailed(
+        raise RequestFailed(
             f"POST {url}: HTTP 200 but the body is not JSON: {_snippet(resp)}"
         ) from e
     if not isinstance(data, dict):
-        raise _RequestFailed(f"POST {url}: expected a JSON object, got {_snippet(resp)}")
+        raise RequestFailed(f"POST {url}: expected a JSON object, got {_snippet(resp)}")
     return data
 
 
@@ -454,7 +453,7 @@ def _first_choice(data: dict[str, Any]) -> dict[str, Any]:
     """`choices[0]` of a response, or a clear failure."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise _RequestFailed(f"response has no choices: {_short(data)}")
+        raise RequestFailed(f"response has no choices: {_short(data)}")
     return choices[0]
 
 

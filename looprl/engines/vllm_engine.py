@@ -1,8 +1,9 @@
 """Train against vLLM servers: token-level rollouts, weight sync after each step, several servers.
 
-`VLLMEngine` is a `TrainableEngine`. It samples through vLLM's `/v1/completions` with prompt
-token ids in and sampled ids plus logprobs out (`OpenAIEngine(token_level=True)`), so the
-rollout's token-exact invariants hold as with `TorchEngine`. It either starts its own servers
+`VLLMEngine` is a `TrainableEngine`. It samples through vLLM's `/inference/v1/generate` with
+prompt token ids in and sampled ids, logprobs and each token's weight version out
+(`looprl.engines.vllm_client`), so the rollout's token-exact invariants hold as with
+`TorchEngine`. It either starts its own servers
 (`num_servers` of them, on the model directory it is given, stopped on every exit path) or uses
 servers the user started (`base_urls`, never stopped by looprl).
 
@@ -13,6 +14,15 @@ servers the user started (`base_urls`, never stopped by looprl).
 - **LoRA.** With `lora_rank`, servers start with `--enable-lora` and `load_adapter(dir, version)`
   hot-loads each step's adapter as `policy-vN` (`/v1/load_lora_adapter`); requests name the
   adapter they were sampled with, and the previous one is unloaded.
+- **In-flight updates** (`in_flight_updates = True`). `sync_weights` and `load_adapter` may run
+  while requests are in flight, e.g. from a thread beside the event loop that samples. Each
+  pauses every server with `mode=keep` (the engine step under way finishes, nothing runs until
+  the resume), swaps the weights, labels them with the policy version, preempts the running
+  requests (their keys and values are computed again by the new weights) and resumes: a request
+  continues, its later tokens sampled by the new weights over its whole context, and
+  `Generation.versions` splits at the exact token (vLLM stamps each step's output with the label).
+  A running request cannot change adapter: an adapter sync aborts the requests in flight while
+  paused and each client sends its request again, its tokens so far appended to the prompt.
 - **Weight sync.** `sync_weights(state, version)` writes the weights as safetensors into a new
   directory under a RAM-backed folder (`/dev/shm` when it exists), atomically (write, then
   rename), and asks every server to reload from it (vLLM's `reload_weights`), then drops older
@@ -32,15 +42,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 from safetensors.torch import save_file
 
 from looprl.console import console
 from looprl.engines.base import GenerationRequest
-from looprl.engines.openai_engine import OpenAIEngine
 from looprl.engines.ram_dirs import ram_dir
-from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, VLLMServerError, reload_weights
+from looprl.engines.vllm_client import VLLMTokenClient
+from looprl.engines.vllm_server import SERVED_NAME, VLLMServer, paused, post_admin, reload_weights
 from looprl.types import Generation
 
 
@@ -54,7 +63,7 @@ class VLLMEngine:
     """
 
     token_level = True
-    in_flight_updates = False  # sync_weights restarts or reloads the servers: drain them first
+    in_flight_updates = True  # sync_weights / load_adapter may run beside requests (module doc)
 
     def __init__(
         self,
@@ -86,14 +95,14 @@ class VLLMEngine:
         else:
             self.servers = [
                 VLLMServer(model_dir or "", max_model_len=max_model_len, seed=seed + i,
-                           startup_timeout=startup_timeout, extra_args=_lora_args(lora_rank),
+                           startup_timeout=startup_timeout, extra_args=lora_args(lora_rank),
                            remove_if_orphaned=orphaned)
                 for i in range(num_servers)
             ]  # fmt: skip
             urls = self._start_all()
         self.clients = [
-            OpenAIEngine(url, served_name, token_level=True, tokenizer=tokenizer,
-                         max_concurrency=max_concurrency, seed=seed)
+            VLLMTokenClient(_root(url), served_name, tokenizer=tokenizer,
+                            max_concurrency=max_concurrency, seed=seed)
             for url in urls
         ]  # fmt: skip
         self._current: Path | None = None
@@ -158,8 +167,9 @@ class VLLMEngine:
         save_file(tensors, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        for client in self.clients:  # servers given by URL must see the folder (same disk)
-            reload_weights(client.base_url, final)
+        with paused(self._roots(), version=self.policy_version):
+            for client in self.clients:  # servers given by URL must see the folder (same disk)
+                reload_weights(client.base_url, final)
         old, self._current = self._current, final
         if old is not None and old != final:
             shutil.rmtree(old, ignore_errors=True)
@@ -168,8 +178,10 @@ class VLLMEngine:
     def load_adapter(self, adapter_dir: Path, *, version: int) -> None:
         """Hot-load a PEFT adapter on every server as `policy-vN`; requests name it from now on.
 
-        The previous adapter is unloaded once the new one is in; requests in flight keep the
-        version they named.
+        A running request cannot change adapter, so while generation is paused each server
+        aborts its requests: each returns its tokens so far and its client sends it again under
+        the new adapter (`looprl.engines.vllm_client`). The previous adapter is unloaded after
+        the resume (a request that named it keeps it until it ends).
         """
         self.policy_version = version
         self._restart_dead()
@@ -178,17 +190,22 @@ class VLLMEngine:
         shutil.rmtree(final, ignore_errors=True)
         shutil.copytree(adapter_dir, final)
         previous = self.clients[0].model
-        for client in self.clients:
-            root = client.base_url.removesuffix("/v1")
-            _post(f"{root}/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(final)})
-            client.model = name
-        if previous != self.served_name:
+        with paused(self._roots(), version=version):
             for client in self.clients:
-                root = client.base_url.removesuffix("/v1")
-                _post(f"{root}/v1/unload_lora_adapter", {"lora_name": previous})
+                body = {"lora_name": name, "lora_path": str(final)}
+                post_admin(f"{client.base_url}/v1/load_lora_adapter", body)
+                client.model, client.adapter_version = name, version
+                post_admin(f"{client.base_url}/abort_requests", {})
+        if previous != self.served_name:
+            for root in self._roots():
+                post_admin(f"{root}/v1/unload_lora_adapter", {"lora_name": previous})
             shutil.rmtree(self._weights_root / previous, ignore_errors=True)
         self._current_adapter = final
         self.stats["syncs"] += 1
+
+    def _roots(self) -> list[str]:
+        """Each server's address without `/v1`, in client order."""
+        return [client.base_url for client in self.clients]
 
     def _restart_dead(self) -> None:
         """Start dead servers that looprl runs again, with the current weights."""
@@ -202,7 +219,7 @@ class VLLMEngine:
             )
             url = server.restart()
             self.stats["restarts"] += 1
-            self.clients[i].base_url = url.rstrip("/")
+            self.clients[i].base_url = _root(url)
             if self._current is not None:
                 server.reload_weights(self._current)
             if self._current_adapter is not None:
@@ -210,7 +227,7 @@ class VLLMEngine:
                     "lora_name": self._current_adapter.name,
                     "lora_path": str(self._current_adapter),
                 }
-                _post(f"{url.removesuffix('/v1')}/v1/load_lora_adapter", body)
+                post_admin(f"{_root(url)}/v1/load_lora_adapter", body)
 
     async def close(self) -> None:
         """Close connections and stop the servers looprl started."""
@@ -229,17 +246,13 @@ class VLLMEngine:
             server.stop()
 
 
-def _lora_args(rank: int | None) -> tuple[str, ...]:
+def lora_args(rank: int | None) -> tuple[str, ...]:
     """vLLM flags for serving LoRA adapters of `rank` (none without one)."""
     if rank is None:
         return ()
     return ("--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2")
 
 
-def _post(url: str, body: dict[str, Any], timeout: float = 120.0) -> None:
-    """POST to a vLLM admin endpoint; a failure says which and why."""
-    try:
-        httpx.post(url, json=body, timeout=timeout).raise_for_status()
-    except httpx.HTTPError as exc:
-        detail = exc.response.text[:500] if isinstance(exc, httpx.HTTPStatusError) else str(exc)
-        raise VLLMServerError(f"POST {url} failed: {detail}") from None
+def _root(url: str) -> str:
+    """A server's address without `/v1` (`http://HOST:PORT`)."""
+    return url.rstrip("/").removesuffix("/v1")

@@ -10,7 +10,10 @@ error) once the server failed to start, died, or failed a reload, since then its
 evidence. Paths in `remove_if_orphaned` (the trainer's files in RAM) are removed by the shim
 when the trainer dies without stopping the server. `reload_weights(dir)` swaps in new
 safetensors weights through vLLM's `collective_rpc` (the dev-mode endpoint) and drops the
-prefix cache, whose keys and values belong to the old weights.
+prefix cache, whose keys and values belong to the old weights. `paused(roots, version=v)` holds
+generation while a block swaps weights, requests in flight kept (`/pause?mode=keep`), and on the
+way out labels the weights `v`, preempts the running requests and resumes. `--enable-scale-out`
+serves `/inference/v1/generate`, whose answers carry each token's weight label.
 
 Options chosen for a CPU: `--enforce-eager` (no compile warm-up: start-up 25 s instead of about
 100 s for the tiny model), float32, `--logprobs-mode processed_logprobs` (logprobs after
@@ -22,14 +25,17 @@ into chunks (once the prompts in flight pass 2048 tokens) kills the engine core 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -60,6 +66,55 @@ def reload_weights(base_url: str, weights_dir: Path, timeout: float = 120.0) -> 
             f"reloading weights into the vLLM server at {root} failed ({exc}); it needs "
             "VLLM_SERVER_DEV_MODE=1 and read access to the weights directory"
         ) from None
+
+
+def post_admin(
+    url: str,
+    body: dict[str, Any] | None = None,
+    *,
+    params: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> None:
+    """POST to a vLLM admin endpoint; a failure says which and why."""
+    try:
+        httpx.post(url, json=body, params=params, timeout=timeout).raise_for_status()
+    except httpx.HTTPError as exc:
+        detail = exc.response.text[:500] if isinstance(exc, httpx.HTTPStatusError) else str(exc)
+        raise VLLMServerError(
+            f"POST {url} failed: {detail} (the server needs VLLM_SERVER_DEV_MODE=1)"
+        ) from None
+
+
+@contextlib.contextmanager
+def paused(roots: list[str], *, version: int) -> Iterator[None]:
+    """Hold generation on the servers at `roots` while the block swaps their weights.
+
+    `/pause?mode=keep` returns once the engine step under way has finished; no step runs until
+    `/resume` and the requests in flight stay queued. On the way out every server labels its
+    weights `version` (`/update_weight_version`: vLLM stamps each later token with it), preempts
+    its running requests (`/reset_prefix_cache?reset_running_requests=true`: their keys and
+    values, computed by the old weights, are dropped and computed again by the new ones before
+    their next token) and resumes.
+    """
+    try:
+        for root in roots:
+            post_admin(f"{root}/pause", params={"mode": "keep"})
+        yield
+    finally:  # every server resumes, even when one of them failed
+        failed = [problem for root in roots if (problem := _resume(root, version))]
+        if failed:
+            raise VLLMServerError("; ".join(failed))
+
+
+def _resume(root: str, version: int) -> str | None:
+    """Label, preempt and resume the server at `root` (see `paused`); what failed, or None."""
+    try:
+        post_admin(f"{root}/update_weight_version", {"new_version": str(version)})
+        post_admin(f"{root}/reset_prefix_cache", params={"reset_running_requests": "true"})
+        post_admin(f"{root}/resume")
+    except VLLMServerError as exc:
+        return str(exc)
+    return None
 
 
 def url_problem(base_url: str, timeout: float = 5.0) -> str | None:
@@ -139,7 +194,8 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32",
             "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
             "--enforce-eager", "--logprobs-mode", "processed_logprobs",
-            "--gpu-memory-utilization", "0.1", "--no-enable-chunked-prefill", *self.extra_args,
+            "--gpu-memory-utilization", "0.1", "--no-enable-chunked-prefill",
+            "--enable-scale-out", *self.extra_args,
         ]  # fmt: skip
 
     def start(self) -> str:
@@ -168,7 +224,7 @@ class VLLMServer:
     def _launch(self, python: Path) -> None:
         env = {
             **os.environ,
-            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc for reload_weights
+            "VLLM_SERVER_DEV_MODE": "1",  # /collective_rpc, /pause, /resume, weight labels
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",  # /v1/load_lora_adapter
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),

@@ -1,8 +1,9 @@
 """A scripted OpenAI-compatible HTTP server on 127.0.0.1 for tests and benchmarks: no model, no network.
 
 `FakeOpenAIServer` serves `/v1/chat/completions`, `/v1/completions` (token level, vLLM style:
-`return_tokens_as_token_ids` gives `"token_id:N"` tokens) and `/v1/models` from a script, on an
-asyncio server in a background thread (hundreds of concurrent keep-alive connections are fine).
+`return_tokens_as_token_ids` gives `"token_id:N"` tokens), vLLM's `/inference/v1/generate` and
+`/v1/models` from a script, on an asyncio server in a background thread (hundreds of concurrent
+keep-alive connections are fine).
 It injects faults (500s, 429s, dropped connections, slow replies) and records every request.
 vLLM's weight and adapter endpoints (`VLLM_ADMIN`) answer 200 and are recorded, so a
 `VLLMEngine` on `base_urls=[srv.base_url]` can sync against it.
@@ -34,12 +35,11 @@ from typing import Any
 Script = Callable[[dict[str, Any]], "FakeReply | str"] | Sequence["FakeReply | str"] | None
 
 VLLM_ADMIN = (
-    "/collective_rpc",
-    "/reset_prefix_cache",
-    "/v1/load_lora_adapter",
-    "/v1/unload_lora_adapter",
-)
+    "/collective_rpc", "/reset_prefix_cache", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    "/pause", "/resume", "/update_weight_version", "/abort_requests",
+)  # fmt: skip
 """vLLM's dev-mode endpoints a `VLLMEngine` posts to when it syncs weights or adapters."""
+GENERATE = "/inference/v1/generate"  # vLLM's token-in/token-out endpoint (`VLLMEngine`'s)
 
 
 @dataclass
@@ -320,7 +320,7 @@ class FakeOpenAIServer:
         if method == "POST" and path in VLLM_ADMIN:  # accepted and recorded, nothing reloaded
             await _write(writer, 200, {})
             return True
-        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions", GENERATE):
             await _write(writer, 404, _error_body(f"no route for {method} {path}"))
             return True
         chat = path == "/v1/chat/completions"
@@ -330,6 +330,8 @@ class FakeOpenAIServer:
                 out = reply.body
             elif chat:
                 out = _chat_body(reply, payload, len(self.requests))
+            elif path == GENERATE:
+                out = _generate_body(reply, payload)
             else:
                 out = self._completion_body(reply, payload)
         except Exception as e:  # the script is user code: report its failure as a 500
@@ -365,16 +367,9 @@ class FakeOpenAIServer:
 
     def _completion_body(self, reply: FakeReply, payload: dict[str, Any]) -> dict[str, Any]:
         """A `/v1/completions` response; logprobs only when the request asked for them."""
-        ids = list(reply.token_ids) if reply.token_ids is not None else list(reply.text.encode())
-        lps = list(reply.logprobs) if reply.logprobs is not None else [-0.5] * len(ids)
-        if len(lps) != len(ids):
-            raise ValueError("FakeReply.logprobs must have one entry per token id")
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": reply.text,
-            "finish_reason": reply.finish_reason,
-            "logprobs": None,
-        }
+        ids, lps = _sampled(reply)
+        choice: dict[str, Any] = {"index": 0, "text": reply.text, "logprobs": None,
+                                  "finish_reason": reply.finish_reason}  # fmt: skip
         if payload.get("logprobs"):
             as_ids = self.support_token_ids and payload.get("return_tokens_as_token_ids")
             tokens = [f"token_id:{i}" if as_ids else chr(i % 0x110000) for i in ids]
@@ -393,6 +388,25 @@ class FakeOpenAIServer:
             "choices": [choice],
             "usage": _usage(len(prompt) if isinstance(prompt, list) else 0, len(ids)),
         }
+
+
+def _sampled(reply: FakeReply) -> tuple[list[int], list[float]]:
+    """The reply's token ids (default: the UTF-8 bytes of its text) and their logprobs."""
+    ids = list(reply.token_ids) if reply.token_ids is not None else list(reply.text.encode())
+    lps = list(reply.logprobs) if reply.logprobs is not None else [-0.5] * len(ids)
+    if len(lps) != len(ids):
+        raise ValueError("FakeReply.logprobs must have one entry per token id")
+    return ids, lps
+
+
+def _generate_body(reply: FakeReply, payload: dict[str, Any]) -> dict[str, Any]:
+    """A `/inference/v1/generate` response: token ids and their logprobs, no weight labels."""
+    ids, lps = _sampled(reply)
+    content = [{"token_id": i, "logprob": lp} for i, lp in zip(ids, lps, strict=True)]
+    choice = {"index": 0, "finish_reason": reply.finish_reason, "token_ids": ids,
+              "logprobs": {"content": content}, "weight_versions": None}  # fmt: skip
+    usage = _usage(len(payload.get("token_ids") or []), len(ids))
+    return {"model": payload.get("model"), "choices": [choice], "usage": usage}
 
 
 def _chat_body(reply: FakeReply, payload: dict[str, Any], serial: int) -> dict[str, Any]:
