@@ -29,7 +29,8 @@ def generate_tasks(
     split: str, n: int, seed: int, digits: int | Sequence[int] = 3, env: str = "calculator"
 ) -> list[looprl.Task]:
     """`n` tasks of a split, two operations each (`481 * 372 - 129`); a hash of the expression
-    sends one in five to `eval`. `digits`: operand sizes, recorded per task in `info["digits"]`."""
+    sends one in five to `eval`. `digits`: operand sizes, recorded per task in `info["digits"]`
+    and, for the curriculum, `info["difficulty"]`."""
     sizes, rng = operand_sizes(digits), random.Random(f"calculator-{split}-{seed}")
     tasks: dict[str, looprl.Task] = {}
     while len(tasks) < n:
@@ -37,7 +38,7 @@ def generate_tasks(
         if looprl.split_of(expr) == split and expr not in tasks:
             tid = f"calc-{hashlib.sha256(expr.encode()).hexdigest()[:12]}"
             prompt = [looprl.Message(role="user", content=f"What is {expr}?")]
-            info = {"expression": expr, "digits": size}
+            info = {"expression": expr, "digits": size, "difficulty": size}
             tasks[expr] = looprl.Task(tid, prompt, str(safe_eval(expr)), info, env=env)
     return list(tasks.values())
 
@@ -57,6 +58,15 @@ def correct_answer(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply's answer equals the reference exactly (the accuracy metric)."""
     got = extract_answer(looprl.final_answer_text(episode))
     return float(got is not None and episode.task.answer is not None and got == episode.task.answer)
+
+
+def first_call_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+    """The hint: the `calculate` call on the task's expression already made, with its result
+    (the model has only to read it and answer); None for a task of your own without one."""
+    expr = task.info.get("expression")
+    if not isinstance(expr, str):
+        return None
+    return looprl.tool_call_hint("calculate", {"expression": expr}, calculate(expr))
 
 
 def answer_format(episode: looprl.EpisodeResult) -> float:
@@ -79,7 +89,8 @@ def load_environment(
     `dataset` (and `eval_dataset`): your own tasks instead of the generated ones, a file or a
     saved `datasets` directory (`looprl.train_eval_tasks`; `columns` maps the prompt, answer,
     info and id columns); write answers as plain numbers (`1234`, `-5`, `2.5`). `digits`: the
-    operand sizes of the generated tasks (`[1, 2, 3]` mixes three).
+    operand sizes of the generated tasks (`[1, 2, 3]` mixes three: levels for the curriculum).
+    A training task may be hinted with the first call made (`first_call_hint`).
     """
     sizes = operand_sizes(digits)  # a bad size fails here, before any task is drawn
     train, evals = looprl.train_eval_tasks(
@@ -99,5 +110,6 @@ def load_environment(
         eval_tasks=evals,
         limits=looprl.Limits(max_turns, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+        hint=kwargs.pop("hint", first_call_hint),
         **kwargs,
     )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
+from looprl.trainer.curriculum.config import CurriculumSection, HintsSection
 from looprl.trainer.metrics import check_metric_name
 from looprl.trainer.monitors.config import MonitorsSection
 
@@ -292,6 +293,8 @@ class TrainConfig(_Section):
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
     monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
+    curriculum: CurriculumSection = Field(default_factory=lambda: CurriculumSection())
+    hints: HintsSection = Field(default_factory=lambda: HintsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")

@@ -25,6 +25,7 @@ from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, Batch
 from looprl.trainer.batch import samples_from_groups
 from looprl.trainer.config import ConfigError, TrainConfig
+from looprl.trainer.curriculum.sampler import task_sampler
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.nonfinite import NonFiniteGuard
@@ -80,7 +81,7 @@ class Trainer:
         self.cursor = 0
         self.stopped_early = False  # set when trainer.early_stop_metric reached its value
         self.phases = StepPhases(cfg.trainer.steps, out=None)  # _loop's, shown on rank 0
-        self._task_stream: tuple[int, Any] | None = None
+        self.tasks = task_sampler(cfg, self.env)  # the seeded stream, or by curriculum and hint
         self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
 
     # ---------------------------------------------------------------- set-up
@@ -217,6 +218,7 @@ class Trainer:
         state = resumed.state
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         self._monitor_state = state.get("monitors", {})
+        self.tasks.load_state(state.get("curriculum"))
         self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
         return True
@@ -302,6 +304,7 @@ class Trainer:
             metrics.update(
                 batch.metrics(step), **self._rollout_metrics(batch.groups, batch.seconds)
             )
+            metrics.update(self.tasks.metrics(step))
             self.step = step
             if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
                 phases.enter("evaluating")
@@ -372,6 +375,7 @@ class Trainer:
                     max_concurrent_groups=rc.max_concurrent_groups,
                 ), main_only=self.placement.main_only,  # servers: rank 0 alone drives them
             )  # fmt: skip
+            self.tasks.observe(step, groups)  # every group rolled out counts, kept or not
             if not self.algo.dynamic_sampling:
                 return groups, time.perf_counter() - start, used
             kept += [g for g in groups if len({ep.reward for ep in g if ep.trainable}) > 1]
@@ -380,16 +384,8 @@ class Trainer:
         return kept or groups, time.perf_counter() - start, used
 
     def _tasks(self, cursor: int, n: int) -> list[Task]:
-        """`n` training tasks from position `cursor` of the seeded stream (reusing the open stream)."""
-        if self._task_stream is None or self._task_stream[0] != cursor:
-            self._task_stream = (
-                cursor,
-                self.env.iter_train_tasks(self.cfg.trainer.seed, start=cursor),
-            )
-        it = self._task_stream[1]
-        tasks = [next(it) for _ in range(n)]
-        self._task_stream = (cursor + n, it)
-        return tasks
+        """`n` training tasks for the batch at task `cursor` (`trainer.curriculum.sampler`)."""
+        return self.tasks.draw(cursor, n)
 
     def _update(self, groups: list[list[EpisodeResult]]) -> dict[str, float]:
         """Advantages and the optimizer update for one batch; returns training metrics."""
@@ -452,6 +448,7 @@ class Trainer:
 
         NonFiniteGuard.check_weights(self._modules().values(), self.dist, "the checkpoint")
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
+        extra["curriculum"] = self.tasks.state()
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
             save_sharded(
                 self.dist, self.run_dir, self.step, modules=self._modules(), optimizer=self.optimizer,
