@@ -9,7 +9,6 @@ its checkpoint continues the curriculum exactly, and its evaluation has no hint.
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -21,6 +20,7 @@ from looprl.envs.calculator import load_environment as calculator
 from looprl.envs.hints import is_hinted
 from looprl.envs.search_qa import gold_read
 from looprl.envs.search_qa import load_environment as search_qa
+from looprl.envs.wordle import load_environment as wordle
 from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.trainer.config import ConfigError, load_config
 from looprl.trainer.curriculum.controller import (
@@ -29,7 +29,7 @@ from looprl.trainer.curriculum.controller import (
     next_level,
     running_rate,
 )
-from looprl.trainer.curriculum.sampler import Curriculum, task_sampler
+from looprl.trainer.curriculum.sampler import Curriculum, TaskSampler, task_sampler
 from looprl.types import EpisodeResult
 from tests.helpers import read_metrics, run_episode, small_config, stable
 
@@ -101,7 +101,7 @@ def policy_up_to(level: int):
     return reply
 
 
-async def run_steps(sampler: Curriculum, env, engine, steps: int) -> list[float]:
+async def run_steps(sampler: TaskSampler, env, engine, steps: int) -> list[float]:
     """`steps` batches of 8 groups of 4: drawn, rolled out, scored, observed; each step's level."""
     levels = []
     for step in range(1, steps + 1):
@@ -142,9 +142,7 @@ async def test_a_level_that_collapses_sends_the_curriculum_down() -> None:
 
 def fake_groups(tasks: list[Task], passed: int, size: int = 4) -> list[list[EpisodeResult]]:
     """A group per task in which `passed` of `size` episodes reached reward 1."""
-    return [
-        [EpisodeResult(task=t, reward=float(i < passed)) for i in range(size)] for t in tasks
-    ]
+    return [[EpisodeResult(task=t, reward=float(i < passed)) for i in range(size)] for t in tasks]
 
 
 def test_the_hint_rate_falls_as_the_pass_rate_rises() -> None:
@@ -179,7 +177,8 @@ def test_the_sampler_state_continues_exactly_after_a_json_round_trip() -> None:
         first.observe(step, fake_groups(a, passed))
         second.observe(step, fake_groups(b, passed))
         assert first.metrics(step) == second.metrics(step)
-    assert first.state() == second.state() and first.state()["level"] == 2
+    state = first.state()
+    assert state == second.state() and state is not None and state["level"] == 2
 
 
 # -- the rubric credits only what the model did ------------------------------------------------
@@ -220,6 +219,14 @@ async def test_a_hinted_first_hop_is_not_credited_as_a_gold_page_read() -> None:
     ep = await run_episode(env, task, lambda request: f"<answer>{task.answer}</answer>")
     assert task.prompt[-2].tool_calls[0].name == "read"  # the first page, read for it
     assert ep.reward == 1.0 and gold_read(ep) == 0.0 and ep.rewards["searches"] == 0.0
+
+
+def test_a_wordle_hint_names_eight_words_the_secret_among_them() -> None:
+    env = wordle()
+    task = hinted(env, env.get_tasks("train", 1)[0])
+    note = task.prompt[-1]
+    words = note.content.removeprefix("The secret word is one of: ").rstrip(".").split(", ")
+    assert note.role == "user" and len(set(words)) == 8 and task.answer in words
 
 
 # -- tier 3: a tiny-model run ------------------------------------------------------------------
