@@ -30,6 +30,7 @@ from looprl.trainer.curriculum.controller import (
     running_rate,
 )
 from looprl.trainer.curriculum.sampler import Curriculum, TaskSampler, task_sampler
+from looprl.trainer.metrics import declared
 from looprl.types import EpisodeResult
 from tests.helpers import read_metrics, run_episode, small_config, stable
 
@@ -248,6 +249,7 @@ def test_a_resumed_run_continues_the_curriculum_and_evaluation_has_no_hint(
     full = read_metrics(tmp_path / "full")
     assert all(r["curriculum/hint_rate"] == 1.0 for r in full)  # nothing passes: always hinted
     assert [r["curriculum/groups/1"] for r in full] == [2.0, 4.0, 6.0, 8.0]
+    assert all(declared(k) for r in full for k in r)  # docs/metrics.md lists every key
     episodes = (tmp_path / "full" / "rollouts" / "step_000001.jsonl").read_text().splitlines()
     assert all(json.loads(line)["task"]["info"]["hint"] == "tool_call" for line in episodes)
     results = (tmp_path / "full" / "eval" / "step_000004" / "results.jsonl").read_text()
