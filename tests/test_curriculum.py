@@ -222,6 +222,14 @@ async def test_a_hinted_first_hop_is_not_credited_as_a_gold_page_read() -> None:
     assert ep.reward == 1.0 and gold_read(ep) == 0.0 and ep.rewards["searches"] == 0.0
 
 
+def test_a_calculator_note_hint_names_the_call_and_leaves_it_to_the_model() -> None:
+    env = calculator(hint_style="note")
+    task = hinted(env, env.get_tasks("train", 1)[0])
+    assert task.prompt[-1].role == "user" and task.info["expression"] in task.prompt[-1].content
+    with pytest.raises(ValueError, match=r"hint_style='made': choose one of \['call', 'note'\]"):
+        calculator(hint_style="made")
+
+
 def test_a_wordle_hint_names_eight_words_the_secret_among_them() -> None:
     env = wordle()
     task = hinted(env, env.get_tasks("train", 1)[0])

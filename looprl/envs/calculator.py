@@ -69,6 +69,17 @@ def first_call_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None
     return looprl.tool_call_hint("calculate", {"expression": expr}, calculate(expr))
 
 
+def call_note_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+    """The hint in words: which call to make; the call itself stays the model's to write."""
+    expr = task.info.get("expression")
+    if not isinstance(expr, str):
+        return None
+    return looprl.note_hint(f"Hint: call the calculate tool with the expression {expr}.")
+
+
+HINTS = {"call": first_call_hint, "note": call_note_hint}
+
+
 def answer_format(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply states 'The answer is N.' (metric)."""
     return float(bool(_ANSWER_RE.search(looprl.final_answer_text(episode))))
@@ -82,6 +93,7 @@ def load_environment(
     eval_dataset: str | None = None,
     columns: dict[str, Any] | None = None,
     digits: int | Sequence[int] = 3,
+    hint_style: str = "call",
     **kwargs: Any,
 ) -> looprl.ToolEnv:
     """The calculator environment (reward: exact final answer; metrics: format and tool use).
@@ -90,9 +102,12 @@ def load_environment(
     saved `datasets` directory (`looprl.train_eval_tasks`; `columns` maps the prompt, answer,
     info and id columns); write answers as plain numbers (`1234`, `-5`, `2.5`). `digits`: the
     operand sizes of the generated tasks (`[1, 2, 3]` mixes three: levels for the curriculum).
-    A training task may be hinted with the first call made (`first_call_hint`).
+    `hint_style`: the hint a training task may get under `[hints]`, the first call made for the
+    model (`call`, `first_call_hint`) or which call to make, in words (`note`, `call_note_hint`).
     """
     sizes = operand_sizes(digits)  # a bad size fails here, before any task is drawn
+    if hint_style not in HINTS:
+        raise ValueError(f"calculator hint_style={hint_style!r}: choose one of {sorted(HINTS)}")
     train, evals = looprl.train_eval_tasks(
         dataset, eval_dataset, env="calculator", columns=columns
     ) or (
@@ -110,6 +125,6 @@ def load_environment(
         eval_tasks=evals,
         limits=looprl.Limits(max_turns, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
-        hint=kwargs.pop("hint", first_call_hint),
+        hint=kwargs.pop("hint", HINTS[hint_style]),
         **kwargs,
     )
