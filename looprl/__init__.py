@@ -8,12 +8,14 @@ imports from here alone, as every bundled one in `looprl/envs/` does::
 - environments: `Environment` and its three shapes `SingleTurnEnv`, `MultiTurnEnv` (a game or a
   simulated user: `env_response`), `ToolEnv`; `Limits`, `StepOutcome`, `TaskSource`, the
   `ParsedTurn` a `step` hook receives; `load_environment`, `available_environments`; the other
-  party of a `ToolEnv(user=...)`: `ScriptedUser`, `ModelUser`, `SimulatedUser`;
+  party of a `ToolEnv(user=...)`: `ScriptedUser`, `ModelUser`, `SimulatedUser`; the help an
+  environment may give a training task (`Hint`, `HintFunction`, `note_hint`,
+  `tool_call_hint`);
 - tools: typed Python functions whose schema comes from the signature and docstring (`make_tool`,
   `tool_schema`), `Hidden` arguments filled from the episode's state, `ToolError` and
   `ToolReply` to fail a call or add a status; the sandboxed `python` tools (`make_python_tools`);
-- rewards: `Rubric`, the kit (`final_answer_text`, `tool_calls`, `used_tool`, `split_of`, ...),
-  `JudgeRubric`;
+- rewards: `Rubric`, the kit (`final_answer_text`, `model_messages`, `tool_calls`, `used_tool`,
+  `split_of`, ...), `JudgeRubric`;
 - data: `load_tasks`, `train_eval_tasks` (an environment's `dataset=` argument), `iter_jsonl`
   (your own JSONL files, each bad line an error naming it);
 - records: `Task`, `Message`, `ToolCall`, `ToolOutcome`, `EpisodeResult`.
@@ -33,6 +35,7 @@ from looprl.envs.base import (
     TaskSource,
     ToolEnv,
 )
+from looprl.envs.hints import Hint, HintFunction, note_hint, tool_call_hint
 from looprl.envs.registry import available_environments, load_environment
 from looprl.envs.user import ModelUser, ScriptedUser, SimulatedUser
 from looprl.files import iter_jsonl
@@ -43,6 +46,7 @@ from looprl.kit import (
     final_raw,
     final_reasoning,
     final_reply,
+    model_messages,
     shown_outcomes,
     split_of,
     tool_call_validity,
@@ -62,6 +66,8 @@ __all__ = [
     "Environment",
     "EpisodeResult",
     "Hidden",
+    "Hint",
+    "HintFunction",
     "JudgeRubric",
     "Limits",
     "Message",
@@ -94,9 +100,12 @@ __all__ = [
     "make_executor",
     "make_python_tools",
     "make_tool",
+    "model_messages",
     "new_session_id",
+    "note_hint",
     "shown_outcomes",
     "split_of",
+    "tool_call_hint",
     "tool_call_validity",
     "tool_calls",
     "tool_schema",

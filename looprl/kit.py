@@ -4,6 +4,7 @@
   sampled text; `final_answer_text(episode)`: where a rubric reads the final answer (the parsed
   text without reasoning blocks), `answer_text(message)` the same for any assistant message;
   `final_reasoning(episode)`: the last turn's reasoning (`Message.reasoning_content`);
+- `model_messages(episode)`: what came after the task's prompt (a hint is part of the prompt);
 - `tool_calls(episode, name)`: the calls the model made; `shown_outcomes(episode)`: how each call
   whose result the model saw went (`ToolOutcome`: error kind, the tool's own status);
 - `used_tool`, `tool_call_validity`: the tool-use metrics, ready to put in a `Rubric`;
@@ -26,8 +27,17 @@ EVAL_BUCKETS = 5  # one hash bucket in five is held out for evaluation
 _REASONING = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL | re.IGNORECASE)
 
 
+def model_messages(episode: EpisodeResult) -> list[Message]:
+    """The episode's messages after its task's prompt: the model's turns and the replies to
+    them. A hint (`looprl.envs.hints`) is part of the prompt, so a hinted tool call is not here."""
+    prompt = episode.task.prompt
+    if episode.messages[: len(prompt)] == prompt:
+        return episode.messages[len(prompt) :]
+    return episode.messages  # a hand-made episode that lists the model's messages alone
+
+
 def _last_assistant(episode: EpisodeResult) -> Message | None:
-    return next((m for m in reversed(episode.messages) if m.role == "assistant"), None)
+    return next((m for m in reversed(model_messages(episode)) if m.role == "assistant"), None)
 
 
 def final_reply(episode: EpisodeResult) -> str:
@@ -66,10 +76,11 @@ def final_reasoning(episode: EpisodeResult) -> str:
 
 
 def tool_calls(episode: EpisodeResult, name: str | None = None) -> list[ToolCall]:
-    """The well-formed calls the model made, in order (only those of tool `name` when given)."""
+    """The well-formed calls the model made, in order (only those of tool `name` when given);
+    a hinted call, made for the model in its prompt, is not one of them."""
     return [
         call
-        for m in episode.messages
+        for m in model_messages(episode)
         if m.role == "assistant"
         for call in m.tool_calls
         if name is None or call.name == name
@@ -83,7 +94,7 @@ def shown_outcomes(episode: EpisodeResult) -> list[ToolOutcome]:
     but its tool messages were never added, so its outcomes are left out here. Empty for
     episodes recorded before outcomes were kept.
     """
-    return episode.tool_outcomes[: sum(m.role == "tool" for m in episode.messages)]
+    return episode.tool_outcomes[: sum(m.role == "tool" for m in model_messages(episode))]
 
 
 def _failed_calls(episode: EpisodeResult) -> int:

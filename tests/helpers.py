@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from looprl.engines.scripted import ScriptedEngine
+from looprl.engines.scripted import Script, ScriptedEngine
 from looprl.envs.base import Environment
 from looprl.probe.tokens import token_problems
 from looprl.rendering.renderer import Renderer
@@ -111,7 +111,7 @@ def stable(row: dict) -> dict:
 
 
 async def run_episode(
-    env: Environment, task: Task, script: list[str], tokenizer: Any | None = None
+    env: Environment, task: Task, script: Script, tokenizer: Any | None = None
 ) -> EpisodeResult:
     """One scripted rollout of `task`, scored by the rubric of the environment that runs it."""
     engine = ScriptedEngine(script, tokenizer, logprob=LOGPROB)

@@ -21,6 +21,7 @@ ENVS = ROOT / "looprl" / "envs"
 NOT_ENVIRONMENTS = {
     "__init__",
     "base",
+    "hints",
     "registry",
     "user",
 }  # and the foreign/ adapters, one level down

@@ -229,6 +229,17 @@ def test_plot_panels_keep_rates_together_without_counts() -> None:
     assert plot_panels([{"step": 1, "loss/total": 0.3}]) == []
 
 
+def test_plot_panels_draw_the_curriculum_level_and_its_rates_when_logged() -> None:
+    rows = [
+        {"step": s, "curriculum/level": 1.0 + s // 2, "curriculum/pass_rate": s / 4}
+        for s in (1, 2, 3)
+    ]  # a curriculum without hints: no curriculum/hint_rate
+    assert plot_panels(rows) == [
+        Panel("curriculum level", ("curriculum/level",), False),
+        Panel("level pass rate, hint rate", ("curriculum/pass_rate",), True),
+    ]
+
+
 def test_band_limits_clip_the_std_band_to_the_reward_range() -> None:
     assert band_limits([np.array([0.2, 0.9]), np.array([1.0])]) == (0.0, 1.0)  # fractions
     assert band_limits([np.array([0.0, 3.5])]) == (0.0, math.inf)  # non-negative counts

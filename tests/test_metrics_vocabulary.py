@@ -30,7 +30,7 @@ def test_patterns_match_their_instances_only() -> None:
 
 def test_every_key_but_the_loggers_own_has_a_namespace() -> None:
     namespaces = {"reward", "env", "rollout", "loss", "policy", "value", "train", "time"}
-    namespaces |= {"eval", "monitor", "async", "stream"}
+    namespaces |= {"eval", "monitor", "async", "stream", "curriculum"}
     bare = [k for k in METRICS if "/" not in k]
     assert bare == ["step", "wall_time"]
     assert {k.split("/")[0] for k in METRICS if "/" in k} == namespaces

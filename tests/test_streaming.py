@@ -182,6 +182,9 @@ def test_streaming_settings_are_validated(tmp_path) -> None:
         load_config(None, {"trainer.streaming": True})
     with pytest.raises(ConfigError, match="max_inflight_groups < rollout.tasks_per_step"):
         load_config(None, {"rollout.tasks_per_step": 4, "rollout.max_inflight_groups": 2})
+    streaming = {"trainer.streaming": True, "trainer.max_async_steps": 1}
+    with pytest.raises(ConfigError, match=r"\[curriculum\] and \[hints\] follow the pass rate"):
+        load_config(None, {**streaming, "curriculum.enabled": True})
     cfg = small_config(tmp_path, "s", **{"trainer.streaming": True, "trainer.max_async_steps": 1})
     assert "trainer.streaming = true (use false: one process streams)" in D.unsupported(cfg)
 

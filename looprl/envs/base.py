@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from looprl.envs.hints import Hint, HintFunction
 from looprl.envs.user import SimulatedUser, UserFunction, as_user
 from looprl.mcp import MCPServer, MCPTools
 from looprl.rendering.formats import get_parser
@@ -98,7 +99,8 @@ class Environment:
     """Base environment: tasks per split, a rubric, limits and a tool-call parser.
 
     `train_tasks` and `eval_tasks` are lists of tasks or seeded generators
-    `(n, seed) -> list[Task]` (the same seed gives the same tasks).
+    `(n, seed) -> list[Task]` (the same seed gives the same tasks). `hint` is the help the
+    environment may give a training task (`looprl.envs.hints`; None: none).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Environment:
         limits: Limits | None = None,
         system_prompt: str | None = None,
         parser: str = "hermes",
+        hint: HintFunction | None = None,
     ) -> None:
         self.name = name
         self.rubric = rubric
@@ -119,6 +122,7 @@ class Environment:
         self.limits = limits or Limits()
         self.system_prompt = system_prompt
         self.parser = get_parser(parser)
+        self.hint_function = hint
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -188,6 +192,11 @@ class Environment:
         if self.system_prompt and not (task.prompt and task.prompt[0].role == "system"):
             task.prompt = [Message(role="system", content=self.system_prompt), *task.prompt]
         return task
+
+    def hint(self, task: Task, rng: random.Random) -> Hint | None:
+        """Help for a training task (`looprl.envs.hints`), or None; the curriculum asks, only
+        while the pass rate is low, never at evaluation. Override, or give `hint=` a function."""
+        return None if self.hint_function is None else self.hint_function(task, rng)
 
     def for_task(self, task: Task) -> Environment:
         """The environment that runs `task` (itself; a mixture returns the task's sub-environment).

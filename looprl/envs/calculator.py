@@ -29,7 +29,8 @@ def generate_tasks(
     split: str, n: int, seed: int, digits: int | Sequence[int] = 3, env: str = "calculator"
 ) -> list[looprl.Task]:
     """`n` tasks of a split, two operations each (`481 * 372 - 129`); a hash of the expression
-    sends one in five to `eval`. `digits`: operand sizes, recorded per task in `info["digits"]`."""
+    sends one in five to `eval`. `digits`: operand sizes, recorded per task in `info["digits"]`
+    and, for the curriculum, `info["difficulty"]`."""
     sizes, rng = operand_sizes(digits), random.Random(f"calculator-{split}-{seed}")
     tasks: dict[str, looprl.Task] = {}
     while len(tasks) < n:
@@ -37,7 +38,7 @@ def generate_tasks(
         if looprl.split_of(expr) == split and expr not in tasks:
             tid = f"calc-{hashlib.sha256(expr.encode()).hexdigest()[:12]}"
             prompt = [looprl.Message(role="user", content=f"What is {expr}?")]
-            info = {"expression": expr, "digits": size}
+            info = {"expression": expr, "digits": size, "difficulty": size}
             tasks[expr] = looprl.Task(tid, prompt, str(safe_eval(expr)), info, env=env)
     return list(tasks.values())
 
@@ -59,6 +60,26 @@ def correct_answer(episode: looprl.EpisodeResult) -> float:
     return float(got is not None and episode.task.answer is not None and got == episode.task.answer)
 
 
+def first_call_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+    """The hint: the `calculate` call on the task's expression already made, with its result
+    (the model has only to read it and answer); None for a task of your own without one."""
+    expr = task.info.get("expression")
+    if not isinstance(expr, str):
+        return None
+    return looprl.tool_call_hint("calculate", {"expression": expr}, calculate(expr))
+
+
+def call_note_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+    """The hint in words: which call to make; the call itself stays the model's to write."""
+    expr = task.info.get("expression")
+    if not isinstance(expr, str):
+        return None
+    return looprl.note_hint(f"Hint: call the calculate tool with the expression {expr}.")
+
+
+HINTS = {"call": first_call_hint, "note": call_note_hint}
+
+
 def answer_format(episode: looprl.EpisodeResult) -> float:
     """1.0 when the final reply states 'The answer is N.' (metric)."""
     return float(bool(_ANSWER_RE.search(looprl.final_answer_text(episode))))
@@ -72,6 +93,7 @@ def load_environment(
     eval_dataset: str | None = None,
     columns: dict[str, Any] | None = None,
     digits: int | Sequence[int] = 3,
+    hint_style: str = "call",
     **kwargs: Any,
 ) -> looprl.ToolEnv:
     """The calculator environment (reward: exact final answer; metrics: format and tool use).
@@ -79,9 +101,13 @@ def load_environment(
     `dataset` (and `eval_dataset`): your own tasks instead of the generated ones, a file or a
     saved `datasets` directory (`looprl.train_eval_tasks`; `columns` maps the prompt, answer,
     info and id columns); write answers as plain numbers (`1234`, `-5`, `2.5`). `digits`: the
-    operand sizes of the generated tasks (`[1, 2, 3]` mixes three).
+    operand sizes of the generated tasks (`[1, 2, 3]` mixes three: levels for the curriculum).
+    `hint_style`: the hint a training task may get under `[hints]`, the first call made for the
+    model (`call`, `first_call_hint`) or which call to make, in words (`note`, `call_note_hint`).
     """
     sizes = operand_sizes(digits)  # a bad size fails here, before any task is drawn
+    if hint_style not in HINTS:
+        raise ValueError(f"calculator hint_style={hint_style!r}: choose one of {sorted(HINTS)}")
     train, evals = looprl.train_eval_tasks(
         dataset, eval_dataset, env="calculator", columns=columns
     ) or (
@@ -99,5 +125,6 @@ def load_environment(
         eval_tasks=evals,
         limits=looprl.Limits(max_turns, max_tokens_per_turn, max_context_tokens),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+        hint=kwargs.pop("hint", HINTS[hint_style]),
         **kwargs,
     )

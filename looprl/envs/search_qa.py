@@ -17,6 +17,7 @@ import collections
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import string
@@ -206,6 +207,19 @@ def gold_read(episode: looprl.EpisodeResult) -> float:
     return len(gold & opened) / len(gold)
 
 
+def first_hop_hint(read: Callable[[str], str]) -> looprl.HintFunction:
+    """The hint of a 2-hop question: its first page already opened with `read` (the model still
+    has to find the second); 1-hop questions get none."""
+
+    def hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+        gold = task.info.get("gold_doc_ids") or []
+        if len(gold) < 2:
+            return None
+        return looprl.tool_call_hint("read", {"doc_id": gold[0]}, read(gold[0]))
+
+    return hint
+
+
 # --- tasks ---------------------------------------------------------------------------------
 
 
@@ -248,7 +262,8 @@ def load_questions(path: str | Path) -> list[Question]:
 
 
 def make_tasks(questions: list[Question], split: str, hops: int | None = None) -> list[looprl.Task]:
-    """Tasks of one split (optionally only `hops`-hop questions), in a stable mixed order."""
+    """Tasks of one split (optionally only `hops`-hop questions), in a stable mixed order; the
+    number of hops is each task's `info["difficulty"]` (the curriculum's levels)."""
     chosen = [q for q in questions if q.split == split and (hops is None or q.hops == hops)]
     chosen.sort(key=lambda q: q.id)  # ids are hashes: a stable order that mixes kinds
     return [
@@ -256,7 +271,12 @@ def make_tasks(questions: list[Question], split: str, hops: int | None = None) -
             id=q.id,
             prompt=[looprl.Message(role="user", content=q.question)],
             answer=q.answer,
-            info={"gold_doc_ids": list(q.gold_doc_ids), "hops": q.hops, "kind": q.kind},
+            info={
+                "gold_doc_ids": list(q.gold_doc_ids),
+                "hops": q.hops,
+                "difficulty": q.hops,
+                "kind": q.kind,
+            },  # fmt: skip
         )
         for q in chosen
     ]
@@ -277,7 +297,8 @@ def load_environment(
     """The search_qa environment over the synthetic world (or your corpus and questions).
 
     `world_seed` picks the synthetic world; `hops` keeps only 1- or 2-hop questions; `cache_dir`
-    overrides where the BM25 index is cached.
+    overrides where the BM25 index is cached. A 2-hop training question may be hinted with its
+    first page already read (`first_hop_hint`).
     """
     if corpus_path is not None and questions_path is None:
         raise ValueError(
@@ -290,9 +311,10 @@ def load_environment(
         raise ValueError(f"hops must be 1, 2 or None (both), got {hops!r}")
     index = BM25Index(documents, Path(cache_dir) if cache_dir else None)
     rubric = looprl.Rubric([exact_match, f1, searches, gold_read], weights=[1.0, 0.0, 0.0, 0.0])
+    tools = make_tools(index)
     return looprl.ToolEnv(
         name="search_qa",
-        tools=make_tools(index),
+        tools=tools,
         rubric=rubric,
         train_tasks=make_tasks(questions, "train", hops),
         eval_tasks=make_tasks(questions, "eval", hops),
@@ -302,5 +324,6 @@ def load_environment(
             max_context_tokens=max_context_tokens,
         ),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+        hint=kwargs.pop("hint", first_hop_hint(tools[1])),
         **kwargs,
     )

@@ -169,17 +169,17 @@ class WordleEnv(looprl.MultiTurnEnv):
     """Wordle as a multi-turn environment: feedback after each guess, at most six guesses."""
 
     pool: tuple[str, ...] = ()
-    hint: int = 0
+    listed: int = 0  # the `hint=K` of load_environment: possible words each feedback lists
 
     async def setup_state(self, task: looprl.Task) -> dict[str, Any]:
         """The secret word and the feedback shown so far."""
         return {"task": task, "target": task.answer, "history": [], "marks": [], "won": False}
 
     def possible_words(self, marks: list[tuple[str, str]]) -> str:
-        """The hint line: the first `hint` pool words consistent with the feedback so far."""
+        """The hint line: the first `listed` pool words consistent with the feedback so far."""
         left = consistent(self.pool, marks)
-        more = f" (and {len(left) - self.hint} more)" if len(left) > self.hint else ""
-        return f"Possible words: {', '.join(left[: self.hint])}{more}\n"
+        more = f" (and {len(left) - self.listed} more)" if len(left) > self.listed else ""
+        return f"Possible words: {', '.join(left[: self.listed])}{more}\n"
 
     async def env_response(
         self, messages: list[looprl.Message], state: dict[str, Any]
@@ -198,10 +198,29 @@ class WordleEnv(looprl.MultiTurnEnv):
         if left <= 0:
             return []
         plural = "es" if left > 1 else ""
-        hint = self.possible_words(state["marks"]) if self.hint else ""
+        hint = self.possible_words(state["marks"]) if self.listed else ""
         return [
             looprl.Message(role="user", content=f"{feedback}\n{hint}{left} guess{plural} left.")
         ]
+
+
+HINTED_WORDS = 8  # words a fading hint names, the secret among them
+
+
+def candidates_hint(pool: tuple[str, ...]) -> looprl.HintFunction:
+    """The fading hint (`[hints]` in training): before the first guess, eight words of the pool
+    the secret is one of, in random order."""
+
+    def hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+        if task.answer is None:
+            return None
+        others = rng.sample(
+            [w for w in pool if w != task.answer], min(HINTED_WORDS - 1, len(pool) - 1)
+        )
+        words = rng.sample([task.answer, *others], len(others) + 1)
+        return looprl.note_hint(f"The secret word is one of: {', '.join(words)}.")
+
+    return hint
 
 
 def make_tasks(split: str, n: int, seed: int, pool: int | None = None) -> list[looprl.Task]:
@@ -229,7 +248,8 @@ def load_environment(
     """The wordle environment (reward: win + 0.2 x partial credit + 0.2 x fewer-guesses bonus).
 
     `pool=N` plays with secrets from N fixed answer words; `hint=K` lists up to K of them still
-    possible after each guess (both off by default: the full game)."""
+    possible after each guess (both off by default: the full game). With `[hints]` a training
+    game may start with eight candidate words named, the secret among them (`candidates_hint`)."""
     if hint < 0:
         raise ValueError(f"wordle hint={hint}: the number of possible words to show is 0 or more")
     rubric = looprl.Rubric(
@@ -254,5 +274,6 @@ def load_environment(
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
         **kwargs,
     )
-    env.pool, env.hint = words, hint
+    env.pool, env.listed = words, hint
+    env.hint_function = candidates_hint(words)
     return env

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from looprl.engines.base import TrainableEngine
 from looprl.envs.base import Environment
@@ -14,31 +13,14 @@ from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig, run_groups
 from looprl.trainer import distributed as D
 from looprl.trainer.config import TrainConfig
+from looprl.trainer.curriculum.sampler import TaskSampler
 from looprl.trainer.streaming import has_variance
-from looprl.types import EpisodeResult, SamplingParams, Task
+from looprl.types import EpisodeResult, SamplingParams
 
 
 def step_seed(seed: int, step: int, tag: str = "train") -> int:
     """A per-step sampling seed, so a resumed run samples exactly what the original would have."""
     return int.from_bytes(hashlib.sha256(f"{seed}|{tag}|{step}".encode()).digest()[:4], "little")
-
-
-class TaskStream:
-    """The environment's seeded training tasks by position; reading on from where the last read
-    stopped reuses the open iterator (a seeded generator is not restarted for every batch)."""
-
-    def __init__(self, env: Environment, seed: int) -> None:
-        self.env, self.seed = env, seed
-        self._open: tuple[int, Any] | None = None  # (next position, iterator)
-
-    def take(self, cursor: int, n: int) -> list[Task]:
-        """`n` tasks from position `cursor` on."""
-        if self._open is None or self._open[0] != cursor:
-            self._open = (cursor, self.env.iter_train_tasks(self.seed, start=cursor))
-        it = self._open[1]
-        tasks = [next(it) for _ in range(n)]
-        self._open = (cursor + n, it)
-        return tasks
 
 
 @dataclass
@@ -50,7 +32,7 @@ class Collector:
     engine: TrainableEngine
     renderer: Renderer
     sampling: SamplingParams
-    tasks: TaskStream
+    tasks: TaskSampler  # the seeded stream, or a curriculum (it observes every group rolled out)
     dynamic: bool  # DAPO's dynamic sampling: refill groups that scored alike
     dist: D.Dist | None
     main_only: bool  # vLLM servers: rank 0 alone drives them
@@ -64,7 +46,7 @@ class Collector:
         used = 0
         for _round in range(1 + (rc.max_refill_rounds if self.dynamic else 0)):
             need = rc.tasks_per_step - len(kept)
-            tasks = self.tasks.take(cursor + used, need)
+            tasks = self.tasks.draw(cursor + used, need)
             used += need
             groups = await D.run_shared(  # under torchrun: this rank's groups, then all of them
                 self.dist, [(t, list(range(rc.rollouts_per_task))) for t in tasks],
@@ -73,6 +55,7 @@ class Collector:
                     max_concurrent_groups=rc.max_concurrent_groups,
                 ), main_only=self.main_only,
             )  # fmt: skip
+            self.tasks.observe(step, groups)  # every group rolled out counts, kept or not
             if not self.dynamic:
                 return groups, time.perf_counter() - start, used
             kept += [g for g in groups if has_variance(g)]

@@ -16,6 +16,7 @@ from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
 from looprl.trainer.config_names import FOREIGN_NAMES, RENAMED
+from looprl.trainer.curriculum.config import CurriculumSection, HintsSection
 from looprl.trainer.metrics import check_metric_name
 from looprl.trainer.monitors.config import MonitorsSection
 
@@ -323,6 +324,8 @@ class TrainConfig(_Section):
     trainer: TrainerSection = Field(default_factory=lambda: TrainerSection())
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
     monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
+    curriculum: CurriculumSection = Field(default_factory=lambda: CurriculumSection())
+    hints: HintsSection = Field(default_factory=lambda: HintsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
 
     @field_validator("algorithm")
@@ -346,6 +349,11 @@ class TrainConfig(_Section):
             raise ValueError("trainer.streaming needs trainer.max_async_steps >= 1: set it")
         if (n := self.rollout.max_inflight_groups) is not None and n < self.rollout.tasks_per_step:
             raise ValueError("rollout.max_inflight_groups < rollout.tasks_per_step: raise it")
+        if self.trainer.streaming and (self.curriculum.enabled or self.hints.enabled):
+            raise ValueError(
+                "[curriculum] and [hints] follow the pass rate of whole batches, which streaming "
+                "does not have: set trainer.streaming = false or turn them off"
+            )
         return self
 
 

@@ -9,8 +9,9 @@ rewards), `rollout/` (its episodes), `loss/` (the terms of the objective), `poli
 policy moved: KL, entropy, clipping, ratios, the sampler/trainer gap), `value/` (PPO's critic),
 `train/` (the optimizer step and the batch it trained on), `async/` (each trained token's
 policy version: its staleness and logprob gap per version lag), `stream/` (streaming groups),
-`time/`, `eval/` (held-out evaluation) and `monitor/` (the reward-hacking monitors' 0/1 flags,
-nothing else). `step` and `wall_time` are the logger's own.
+`time/`, `eval/` (held-out evaluation), `monitor/` (the reward-hacking monitors' 0/1 flags,
+nothing else) and `curriculum/` (the task sampler's levels, pass rates and hints). `step` and
+`wall_time` are the logger's own.
 
 `OLD_NAMES` maps the bare names of runs written before the namespaces to their keys; every
 reader of an existing `metrics.jsonl` passes its rows through `upgrade_row`.
@@ -131,6 +132,12 @@ METRICS: dict[str, str] = {
     "rollout/format_only_frac": "fraction of scored episodes rewarded by format-type functions alone",
     "rollout/repeat_ngram_frac": "mean seq-rep-n of the replies: share of their n-grams repeating an earlier one",
     "rollout/reward_agreement": "lowest correlation among reward/check pairs that once agreed (when any did)",
+    # the curriculum and hints ([curriculum], [hints]: looprl.trainer.curriculum)
+    "curriculum/level": "difficulty (info['difficulty']) of the level the step's tasks came from",
+    "curriculum/pass_rate": "running pass rate of that level after the step (of all tasks without a curriculum)",
+    "curriculum/pass_rate/<level>": "running pass rate of one level (once it has one)",
+    "curriculum/groups/<level>": "groups scored at one level so far",
+    "curriculum/hint_rate": "fraction of the step's groups whose task came with a hint",
 }
 
 OLD_NAMES: dict[str, str] = {

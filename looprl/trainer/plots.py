@@ -47,6 +47,12 @@ class Panel(NamedTuple):
     unit: bool
 
 
+CURRICULUM = (  # drawn when the run has a curriculum or hints (looprl.trainer.curriculum)
+    Panel("curriculum level", ("curriculum/level",), False),
+    Panel("level pass rate, hint rate", ("curriculum/pass_rate", "curriculum/hint_rate"), True),
+)
+
+
 def plot_run(run_dir: str | Path) -> Path:
     """Draw `run_dir/metrics.jsonl` into `run_dir/plots/curves.png` and return its path.
 
@@ -78,7 +84,8 @@ def plot_run(run_dir: str | Path) -> Path:
 
 def plot_panels(rows: Sequence[Mapping[str, Any]]) -> list[Panel]:
     """The panels below the reward panel: `eval/*` split into rates and counts, then the logged
-    policy diagnostics (each on its own axis, as the viewer draws the `policy/` namespace)."""
+    policy diagnostics (each on its own axis, as the viewer draws the `policy/` namespace), then
+    the curriculum's level and its pass and hint rates when logged."""
     keys = sorted({k for r in rows for k in r if k.startswith("eval/")})
     values = {k: series(rows, k)[1] for k in keys}
     keys = [k for k in keys if len(values[k])]
@@ -90,6 +97,9 @@ def plot_panels(rows: Sequence[Mapping[str, Any]]) -> list[Panel]:
         out.append(Panel("held-out evaluation", tuple(rates), unit))
     out += [Panel(k, (k,), False) for k in counts]
     out += [Panel(t, (k,), False) for k, t in DIAGNOSTICS if len(series(rows, k)[0])]
+    for title, wanted, unit in CURRICULUM:
+        logged = tuple(k for k in wanted if len(series(rows, k)[0]))
+        out += [Panel(title, logged, unit)] if logged else []
     return out
 
 
@@ -186,12 +196,14 @@ def _reward_panel(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def _panel(ax: Axes, rows: Sequence[Mapping[str, Any]], panel: Panel) -> None:
-    """One panel of `plot_panels`: eval series with markers, a diagnostic smoothed."""
+    """One panel of `plot_panels`: eval series with markers, a diagnostic smoothed, the
+    curriculum's series raw."""
     for i, key in enumerate(panel.keys):
         if key.startswith("eval/"):
             ax.plot(*series(rows, key), marker="o", ms=4, lw=1.5, color=f"C{i}", label=key)
         else:
-            _line(ax, *series(rows, key), label=key, smoothed=True, color=f"C{i}")
+            smooth = not key.startswith("curriculum/")  # a level is a step function
+            _line(ax, *series(rows, key), label=key, smoothed=smooth, color=f"C{i}")
     if panel.unit:
         ax.set_ylim(-0.05, 1.05)
     ax.margins(x=0.04)

@@ -23,8 +23,9 @@ from looprl.trainer import distributed as D
 from looprl.trainer import setup as S
 from looprl.trainer.async_batches import Ahead, AheadSource, Batch
 from looprl.trainer.batch import StalenessBound, samples_from_groups
-from looprl.trainer.collect import Collector, TaskStream, step_seed
+from looprl.trainer.collect import Collector, step_seed
 from looprl.trainer.config import ConfigError, TrainConfig
+from looprl.trainer.curriculum.sampler import task_sampler
 from looprl.trainer.metrics import batch_metrics, eval_metrics, update_metrics
 from looprl.trainer.monitors.core import Monitors
 from looprl.trainer.nonfinite import NonFiniteGuard
@@ -76,6 +77,7 @@ class Trainer:
         self.cursor = 0
         self.stopped_early = False  # set when trainer.early_stop_metric reached its value
         self.phases = StepPhases(cfg.trainer.steps, out=None)  # _loop's, shown on rank 0
+        self.tasks = task_sampler(cfg, self.env)  # the seeded stream, or by curriculum and hint
         self._monitor_state: dict[str, Any] = {}  # the monitors' episode pools, from a checkpoint
         self._stream_state: dict[str, Any] | None = None
 
@@ -108,7 +110,7 @@ class Trainer:
         )  # fmt: skip
         self.collector = Collector(
             cfg, self.env, self.engine, self.renderer, self.sampling,
-            TaskStream(self.env, cfg.trainer.seed), self.algo.dynamic_sampling, self.dist,
+            self.tasks, self.algo.dynamic_sampling, self.dist,
             self.placement.main_only,
         )  # fmt: skip
 
@@ -221,6 +223,7 @@ class Trainer:
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         self._monitor_state = state.get("monitors", {})
         self._stream_state = state.get("stream")  # streaming: the groups the checkpoint kept
+        self.tasks.load_state(state.get("curriculum"))
         self._sync(self.step)  # the engine samples from the restored weights, as that version
         console.print(f"resumed from {resumed.path} (step {self.step})")
         return True
@@ -301,6 +304,7 @@ class Trainer:
             metrics.update(
                 batch.metrics(step), **self._rollout_metrics(batch.groups, batch.seconds)
             )
+            metrics.update(self.tasks.metrics(step))
             self.step = step
             if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
                 phases.enter("evaluating")
@@ -342,7 +346,7 @@ class Trainer:
             return AheadSource(ahead, self.cfg.trainer, release=self.placement.release_idle_memory)
         return open_stream(
             self.cfg, self.env, self.engine, renderer=self.renderer, sampling=self.sampling,
-            task_at=lambda p: self.collector.tasks.take(p, 1)[0], dynamic=self.algo.dynamic_sampling,
+            task_at=lambda p: self.tasks.draw(p, 1)[0], dynamic=self.algo.dynamic_sampling,
             cursor=self.cursor, saved=self._stream_state, step=self.step,
             run_dir=self.run_dir if self.is_main else None,
             in_flight=self.placement.in_flight_updates,
@@ -423,6 +427,7 @@ class Trainer:
         NonFiniteGuard.check_weights(self._modules().values(), self.dist, "the checkpoint")
         extra = {"step": self.step, "cursor": self.cursor, "monitors": self.monitors.state()}
         extra.update(self.source.state())  # streaming: its cursor and its unfinished groups
+        extra["curriculum"] = self.tasks.state()
         if self.dist is not None:  # each rank writes its shards (torch.distributed.checkpoint)
             save_sharded(
                 self.dist, self.run_dir, self.step, modules=self._modules(), optimizer=self.optimizer,

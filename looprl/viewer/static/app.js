@@ -149,8 +149,8 @@ LV.app = (() => {
 
   // Sections of the curves tab, in order: one per metric namespace (docs/metrics.md; the server
   // renames the bare keys of older runs), `env/` beside `reward/`, anything else under "other".
-  const SECTIONS = ["reward", "eval", "monitor", "rollout", "loss", "policy", "value", "train", "async", "time"];
-  const OPEN_BY_DEFAULT = new Set(["reward", "eval", "monitor"]);
+  const SECTIONS = ["reward", "eval", "monitor", "curriculum", "rollout", "loss", "policy", "value", "train", "async", "stream", "time"];
+  const OPEN_BY_DEFAULT = new Set(["reward", "eval", "monitor", "curriculum"]);
   // Namespaces whose metrics differ in scale: one chart per metric. The series of any other
   // namespace (reward/, eval/, loss/, time/, ...) share one chart, named after the namespace.
   const OWN_CHART = new Set(["rollout", "policy", "value", "train"]);
