@@ -737,6 +737,7 @@ def test_trainer_resume_warns_or_exits_with_a_message(
         run_dir=tmp_path, model=net, engine_model=net, optimizer=opt, scheduler=sched,
         value_head=None, step=0, cursor=0, _sync=lambda version: {}, dist=None,
         _modules=lambda: {"policy": net, "value_head": None},
+        tasks=SimpleNamespace(load_state=lambda state: None),
     )  # fmt: skip
     Trainer._restore(trainer)
     assert (trainer.step, trainer.cursor) == (1, 10)
