@@ -1,4 +1,5 @@
-"""TorchEngine decode A/B: fused vs unfused projections and 1 vs 2 decode threads, interleaved.
+"""TorchEngine decode A/B: fused vs unfused projections, MKL-packed weights or not, and 1 vs 2
+decode threads, interleaved.
 
 Each round runs every variant once on the same workload (benchmarks.engine's `fixed` scenario:
 random prompts, every sequence generates exactly `--new-tokens` tokens at temperature 1), in an
@@ -8,6 +9,10 @@ the load average at the start and end.
 
     python -m benchmarks.decode_ab --models tiny,smollm2-shape --batch-sizes 1,8,64
     python -m benchmarks.decode_ab --variants unfused-1,unfused-2   # threads only
+    python -m benchmarks.decode_ab --variants unfused-1,packed-1    # packed weights (the default)
+
+Kinds: `unfused` (7 matmuls a layer over the model's weights), `fused` (q/k/v and gate/up fused),
+`packed` (the engine's default: every matmul over MKL-packed copies), `fused+packed`.
 """
 
 from __future__ import annotations
@@ -26,21 +31,35 @@ from benchmarks.engine import Workload, bench_engine, load_named, make_workload,
 
 @dataclass(frozen=True)
 class Variant:
-    """One engine setting: fused projections or not, and the torch threads it decodes on."""
+    """One engine setting: fused projections or not, MKL-packed weights or not, and the torch
+    threads it decodes on."""
 
     name: str
     fuse: bool
     threads: int
+    pack: bool = False
+
+
+KINDS = {  # variant kind -> (fuse_projections, pack_weights)
+    "unfused": (False, False),
+    "fused": (True, False),
+    "packed": (False, True),  # TorchEngine's default
+    "fused+packed": (True, True),
+}
 
 
 def parse_variants(text: str) -> list[Variant]:
-    """`fused-1,unfused-1` -> variants; the number is the engine's `threads`."""
+    """`fused-1,unfused-1,packed-1` -> variants; the number is the engine's `threads`."""
     out = []
     for item in text.split(","):
-        kind, _, threads = item.strip().partition("-")
-        if kind not in ("fused", "unfused") or not threads.isdigit():
-            raise SystemExit(f"bad variant {item!r}; write fused-N or unfused-N (N threads)")
-        out.append(Variant(item.strip(), kind == "fused", int(threads)))
+        kind, _, threads = item.strip().rpartition("-")
+        if kind not in KINDS or not threads.isdigit():
+            raise SystemExit(
+                f"bad variant {item!r}; write KIND-N with KIND one of {', '.join(KINDS)} "
+                "and N the threads"
+            )
+        fuse, pack = KINDS[kind]
+        out.append(Variant(item.strip(), fuse, int(threads), pack))
     return out
 
 
@@ -54,7 +73,9 @@ def bench(
 ) -> dict[str, list[float]]:
     """Tokens/s samples per variant, `rounds` interleaved rounds after one warm-up each."""
     engines = {
-        v.name: bench_engine(model, tokenizer, work, fuse_projections=v.fuse, threads=v.threads)
+        v.name: bench_engine(
+            model, tokenizer, work, fuse_projections=v.fuse, pack_weights=v.pack, threads=v.threads
+        )
         for v in variants
     }
     samples: dict[str, list[float]] = {v.name: [] for v in variants}

@@ -50,8 +50,9 @@ def test_engine_benchmark_quick():
 
 def test_decode_ab_benchmark_quick():
     args = ("--models", "smollm2-shape-small", "--batch-sizes", "2", "--rounds", "1")
+    args += ("--variants", "unfused-1,fused-1,packed-1,fused+packed-1")
     out = _run("-m", "benchmarks.decode_ab", *args, "--new-tokens", "3", "--prompt-len", "4")
-    assert out.count("smollm2-shape-small") == 3 and "load" in out, out
+    assert out.count("smollm2-shape-small") == 4 and "load" in out, out
 
 
 def test_thread_stall_benchmark_quick():
