@@ -183,7 +183,12 @@ def test_streaming_settings_are_validated(tmp_path) -> None:
     with pytest.raises(ConfigError, match="max_inflight_groups < rollout.tasks_per_step"):
         load_config(None, {"rollout.tasks_per_step": 4, "rollout.max_inflight_groups": 2})
     cfg = small_config(tmp_path, "s", **{"trainer.streaming": True, "trainer.max_async_steps": 1})
-    assert "trainer.streaming = true (use false: one process streams)" in D.unsupported(cfg)
+    assert D.unsupported(cfg) == []  # in-process engines stream under torchrun
+    on_vllm = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "vllm"})})
+    assert D.unsupported(on_vllm) == [
+        "trainer.streaming = true with engine.kind = 'vllm' (use one process, or "
+        "trainer.streaming = false)"
+    ]
 
 
 @pytest.mark.parametrize("in_flight", [False, True])
