@@ -20,7 +20,8 @@ the identity when `dist` is None):
    the wrong calls across ranks. So batches are gathered on `Dist.rollout_group` (rank 0's
    vLLM batch is broadcast on `slow_group`), in a worker thread so the event loop keeps
    generating; batches start in step order (`looprl.trainer.async_batches`), so every rank
-   issues those collectives in the same order.
+   issues those collectives in the same order. Streaming (`looprl.trainer.stream_shared`)
+   exchanges its ready groups on the same group, at each step's take.
 4. After each step every rank gathers the full weights (`DTensor.full_tensor`, LoRA merged:
    `looprl.models.weights.merged_weights`) for its engine copy, or for the vLLM servers rank 0
    drives (`looprl.engines.placement`).
