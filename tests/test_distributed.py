@@ -228,6 +228,7 @@ def test_two_processes_stream_and_resume_without_losing_or_repeating_a_group(tmp
     state = json.loads((run / "checkpoints" / "step_000002" / "state.json").read_text())
     ranks = state["stream"]["ranks"]
     assert [r["cursor"] % 2 for r in ranks] == [0, 1]  # each rank's own task positions
+    assert sum(r["trained"] for r in ranks) == 6  # 2 steps x 3 groups, from either rank
     done = _train(run, *streaming, "--resume")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "stream_ledger.jsonl").read_text().splitlines()]
