@@ -88,14 +88,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     middle = rows[1:-1]
     wall = rows[-2]["wall_time"] - rows[0]["wall_time"]
     busy = sum(r["time/train"] + r["time/sync"] for r in middle)
-    counts = {
-        int(k.rsplit("_", 1)[1]): v for r in middle for k, v in r.items() if "staleness_" in k
-    }
-    staleness = (
-        sum(k * v for k, v in counts.items()) / sum(counts.values())
-        if counts
-        else statistics.mean(r["rollout/staleness"] for r in middle)
-    )
+    key = "async/staleness_mean"  # per trained token, in every mode
+    staleness = statistics.mean(r.get(key, r["rollout/staleness"]) for r in middle)
     streamed = "stream/trainer_wait_s" in middle[0]
     stream_wait = sum(r.get("stream/trainer_wait_s", 0.0) for r in middle)
     hold = sum(r.get("stream/sync_hold_s", 0.0) for r in middle)

@@ -216,6 +216,30 @@ def test_two_processes_train_async_and_resume_to_the_single_process_run(tmp_path
     assert rows_two[3]["train/grad_norm"] > 0  # real updates after the resume
 
 
+def test_two_processes_stream_and_resume_without_losing_or_repeating_a_group(tmp_path):
+    """trainer.streaming under torchrun: each rank streams its own task positions, both train
+    the groups picked over both; a job stopped after its step-2 checkpoint resumes to step 3
+    and no episode is trained twice."""
+    run = tmp_path / "run"
+    streaming = ["--trainer.streaming", "true", "--trainer.max_async_steps", "1",
+                 "--trainer.steps", "3"]  # fmt: skip
+    done = _train(run, *streaming, fault="stop")
+    assert done.returncode != 0 and "every rank stops now" in done.stdout + done.stderr
+    state = json.loads((run / "checkpoints" / "step_000002" / "state.json").read_text())
+    ranks = state["stream"]["ranks"]
+    assert [r["cursor"] % 2 for r in ranks] == [0, 1]  # each rank's own task positions
+    assert sum(r["trained"] for r in ranks) == 6  # 2 steps x 3 groups, from either rank
+    done = _train(run, *streaming, "--resume")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "stream_ledger.jsonl").read_text().splitlines()]
+    assert [sum(r["step"] == s for r in rows) for s in (1, 2, 3)] == [6, 6, 6]  # 3 groups x 2
+    trained = [(r["position"], r["rollout"]) for r in rows]
+    assert len(trained) == len(set(trained))  # no episode trained twice
+    assert {r["position"] % 2 for r in rows} == {0, 1}  # both ranks' groups are trained
+    metrics = _metrics(run)
+    assert [r["step"] for r in metrics] == [1, 2, 3] and metrics[2]["train/grad_norm"] > 0
+
+
 @pytest.mark.parametrize("mode", ["die", "hang"])
 def test_a_failed_rank_ends_the_job_with_an_error(tmp_path, mode):
     timeout = 10

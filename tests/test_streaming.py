@@ -186,7 +186,12 @@ def test_streaming_settings_are_validated(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"\[curriculum\] and \[hints\] follow the pass rate"):
         load_config(None, {**streaming, "curriculum.enabled": True})
     cfg = small_config(tmp_path, "s", **{"trainer.streaming": True, "trainer.max_async_steps": 1})
-    assert "trainer.streaming = true (use false: one process streams)" in D.unsupported(cfg)
+    assert D.unsupported(cfg) == []  # in-process engines stream under torchrun
+    on_vllm = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "vllm"})})
+    assert D.unsupported(on_vllm) == [
+        "trainer.streaming = true with engine.kind = 'vllm' (use one process, or "
+        "trainer.streaming = false)"
+    ]
 
 
 @pytest.mark.parametrize("in_flight", [False, True])

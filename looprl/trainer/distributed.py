@@ -20,7 +20,8 @@ the identity when `dist` is None):
    the wrong calls across ranks. So batches are gathered on `Dist.rollout_group` (rank 0's
    vLLM batch is broadcast on `slow_group`), in a worker thread so the event loop keeps
    generating; batches start in step order (`looprl.trainer.async_batches`), so every rank
-   issues those collectives in the same order.
+   issues those collectives in the same order. Streaming (`looprl.trainer.stream_shared`)
+   exchanges its ready groups on the same group, at each step's take.
 4. After each step every rank gathers the full weights (`DTensor.full_tensor`, LoRA merged:
    `looprl.models.weights.merged_weights`) for its engine copy, or for the vLLM servers rank 0
    drives (`looprl.engines.placement`).
@@ -232,12 +233,12 @@ def max_over_ranks(d: Dist | None, value: int) -> int:
     return int(t.item())
 
 
-def gather_objects(d: Dist | None, obj: T) -> list[T]:
-    """Every rank's `obj` (just `[obj]` without `dist`)."""
+def gather_objects(d: Dist | None, obj: T, group: Any = None) -> list[T]:
+    """Every rank's `obj` (just `[obj]` without `dist`), on `group` (None: the default)."""
     if d is None:
         return [obj]
     parts: list[Any] = [None] * d.world
-    dist.all_gather_object(parts, obj)
+    dist.all_gather_object(parts, obj, group=group)
     return parts
 
 
@@ -280,11 +281,13 @@ def explain_failure(d: Dist | None, exc: BaseException, timeout_s: float) -> str
 def unsupported(cfg: Any) -> list[str]:
     """Settings multi-process training refuses (`cfg` a TrainConfig), each with the field to change.
 
-    Every placement (LoRA with vLLM included) and bounded-staleness async
-    (`trainer.max_async_steps > 0`) run under torchrun; streaming does not yet.
+    Every placement (LoRA with vLLM included), bounded-staleness async
+    (`trainer.max_async_steps > 0`) and streaming with in-process engines
+    (`looprl.trainer.stream_shared`) run under torchrun; streaming on vLLM servers does not.
     """
-    if cfg.trainer.streaming:
-        return ["trainer.streaming = true (use false: one process streams)"]
+    if cfg.trainer.streaming and cfg.engine.kind == "vllm":
+        return ["trainer.streaming = true with engine.kind = 'vllm' (use one process, or "
+                "trainer.streaming = false)"]  # fmt: skip
     return []
 
 

@@ -134,12 +134,14 @@ class GroupStream:
         capacity: int | None = None, trained: int = 0,
         keep: Callable[[list[EpisodeResult]], bool] | None = None, refill: int = 0,
         cursor: int = 0, restart: Iterable[int] = (), queued: Iterable[StreamGroup] = (),
+        stride: int = 1,
     ) -> None:  # fmt: skip
         self.run_group, self.version = run_group, version
         self.per_step, self.ahead, self.capacity = per_step, ahead, capacity
         self.trained = trained  # groups taken by steps so far
         self.keep, self.refill, self.refill_left = keep, refill, refill
         self.cursor = cursor  # the next position of the task stream to start
+        self.stride = stride  # positions between two this stream starts (N ranks: N)
         self.restart = list(restart)  # positions started before a resume, started first
         self.queue = list(queued)
         self.running: dict[int, asyncio.Task[None]] = {}
@@ -164,7 +166,7 @@ class GroupStream:
             if self.restart:
                 position = self.restart.pop(0)
             else:
-                position, self.cursor = self.cursor, self.cursor + 1
+                position, self.cursor = self.cursor, self.cursor + self.stride
             self.running[position] = asyncio.create_task(self._one(position))
 
     async def _one(self, position: int) -> None:
@@ -195,20 +197,30 @@ class GroupStream:
         while True:
             if self.failure is not None:
                 raise self.failure
-            stale = [g for g in self.queue if g.staleness(step) > max_staleness]
-            if stale:
-                dropped += sum(len(g.episodes) for g in stale)
-                self.queue = [g for g in self.queue if g.staleness(step) <= max_staleness]
-                self.fill()
+            dropped += self.drop_stale(step, max_staleness)
             if len(self.queue) >= n:
                 break
             self.arrived.clear()
             await self.arrived.wait()
-        taken, self.queue = self.queue[:n], self.queue[n:]
-        self.trained += n
+        return self.remove({g.position for g in self.queue[:n]}), dropped
+
+    def drop_stale(self, step: int, max_staleness: int) -> int:
+        """Drop the queued groups staler than `max_staleness` for step `step`; their episodes."""
+        stale = [g for g in self.queue if g.staleness(step) > max_staleness]
+        if stale:
+            self.queue = [g for g in self.queue if g.staleness(step) <= max_staleness]
+            self.fill()
+        return sum(len(g.episodes) for g in stale)
+
+    def remove(self, positions: set[int]) -> list[StreamGroup]:
+        """Take the queued groups at `positions` out, in queue order, as a step's: they count as
+        trained, the refill budget starts again and new groups start."""
+        taken = [g for g in self.queue if g.position in positions]
+        self.queue = [g for g in self.queue if g.position not in positions]
+        self.trained += len(taken)
         self.refill_left = self.refill
         self.fill()
-        return taken, dropped
+        return taken
 
     def pause(self) -> None:
         """Start no group until `resume`."""
@@ -258,13 +270,13 @@ class StreamSource:
     async def take(self, step: int) -> Batch:
         """Step `step`'s groups, with the `stream/` metrics of how they came."""
         t0 = time.perf_counter()
-        taken, dropped = await self.stream.take(self.stream.per_step, step, self.max_staleness)
+        taken, dropped, carried, refilled = await self.groups(step)
         now = time.perf_counter()
         self.wait, seconds, self.last = now - t0, now - self.last, now
         extra = {
-            "stream/groups_carried": float(len(self.stream.queue)),
+            "stream/groups_carried": float(carried),
             "stream/sampler_idle_s": self.gate.take_idle(),
-            "stream/refilled": float(self.stream.filtered),
+            "stream/refilled": float(refilled),
         }
         self.stream.filtered = 0
         for g in taken:
@@ -275,6 +287,12 @@ class StreamSource:
         groups = [g.episodes for g in taken]
         self.batch = Batch(groups, seconds, oldest, self.max_staleness, dropped, extra)
         return self.batch
+
+    async def groups(self, step: int) -> tuple[list[StreamGroup], int, int, int]:
+        """Step `step`'s groups; the episodes dropped as stale, the groups carried over and
+        those filtered (refilled) since the last step."""
+        taken, dropped = await self.stream.take(self.stream.per_step, step, self.max_staleness)
+        return taken, dropped, len(self.stream.queue), self.stream.filtered
 
     def _record(self, step: int, taken: list[StreamGroup]) -> None:
         if self.ledger is None:
@@ -325,12 +343,16 @@ def open_stream(
     cfg: TrainConfig, env: Environment, engine: TrainableEngine, *, renderer: Renderer,
     sampling: SamplingParams, task_at: Callable[[int], Task], dynamic: bool, cursor: int,
     saved: dict[str, Any] | None, step: int, run_dir: Path | None, in_flight: bool,
+    world: int = 1,
 ) -> StreamSource:  # fmt: skip
     """The streaming source of a run at `step` (a checkpoint's `saved` stream state when
     resumed): groups of `rollout.rollouts_per_task` episodes from task position `cursor` on.
     `run_dir` (rank 0's) holds the ledger, cut back to `step`. `in_flight`: the placement can
-    sync while requests generate (`trainer.in_flight_updates` may still turn it off)."""
+    sync while requests generate (`trainer.in_flight_updates` may still turn it off). With
+    `world` N > 1 ranks this rank's stream (`looprl.trainer.stream_shared`): every N-th position
+    from `cursor`, and a 1/N share (rounded up) of the per-step admission and refill budgets."""
     rc, tc = cfg.rollout, cfg.trainer
+    per_step = -(-rc.tasks_per_step // world)
     gate = RequestGate(engine)
 
     async def run(position: int) -> list[EpisodeResult]:
@@ -343,10 +365,10 @@ def open_stream(
 
     saved = saved or {}
     stream = GroupStream(
-        run, lambda: engine.policy_version, per_step=rc.tasks_per_step,
-        ahead=tc.max_async_steps, capacity=rc.max_inflight_groups, trained=step * rc.tasks_per_step,
-        keep=has_variance if dynamic else None, refill=rc.tasks_per_step * rc.max_refill_rounds,
-        cursor=cursor, restart=saved.get("restart", ()),
+        run, lambda: engine.policy_version, per_step=per_step, ahead=tc.max_async_steps,
+        capacity=rc.max_inflight_groups, trained=int(saved.get("trained", step * per_step)),
+        keep=has_variance if dynamic else None, refill=per_step * rc.max_refill_rounds,
+        cursor=cursor, restart=saved.get("restart", ()), stride=world,
         queued=[StreamGroup.from_dict(g) for g in saved.get("queued", ())],
     )  # fmt: skip
     ledger = None if run_dir is None else run_dir / LEDGER

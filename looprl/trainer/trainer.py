@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from looprl.trainer.progress import ErroredBatches, NoGradientWarning, StepPhase
 from looprl.trainer.run_config import absolute_paths
 from looprl.trainer.run_lock import RunLock, check_run_free, run_stamp
 from looprl.trainer.run_summary import RunStatus, write_run_summary
+from looprl.trainer.stream_shared import open_shared_stream
 from looprl.trainer.streaming import StreamSource, open_stream
 from looprl.trainer.update import UpdateContext, ValueHead, train_on_batch
 from looprl.trainer.wandb_logger import WandbLogger, for_run
@@ -344,11 +346,12 @@ class Trainer:
         if not self.cfg.trainer.streaming:
             ahead = Ahead(self._collect_chained, self.step + 1)
             return AheadSource(ahead, self.cfg.trainer, release=self.placement.release_idle_memory)
-        return open_stream(
-            self.cfg, self.env, self.engine, renderer=self.renderer, sampling=self.sampling,
-            task_at=lambda p: self.tasks.draw(p, 1)[0], dynamic=self.algo.dynamic_sampling,
-            cursor=self.cursor, saved=self._stream_state, step=self.step,
-            run_dir=self.run_dir if self.is_main else None,
+        opened = open_stream if self.dist is None else partial(open_shared_stream, self.dist)
+        return opened(
+            cfg=self.cfg, env=self.env, engine=self.engine, renderer=self.renderer,
+            sampling=self.sampling, task_at=lambda p: self.tasks.draw(p, 1)[0],
+            dynamic=self.algo.dynamic_sampling, cursor=self.cursor, saved=self._stream_state,
+            step=self.step, run_dir=self.run_dir if self.is_main else None,
             in_flight=self.placement.in_flight_updates,
         )  # fmt: skip
 
