@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
+from looprl.sft.config import BootstrapSection
 from looprl.trainer.metrics import check_metric_name
 from looprl.trainer.monitors.config import MonitorsSection
 
@@ -293,6 +294,7 @@ class TrainConfig(_Section):
     engine: EngineSection = Field(default_factory=lambda: EngineSection())
     monitors: MonitorsSection = Field(default_factory=lambda: MonitorsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
+    bootstrap: BootstrapSection = Field(default_factory=lambda: BootstrapSection())
 
     @field_validator("algorithm")
     @classmethod
