@@ -99,3 +99,21 @@ def test_tiny_model_bootstraps_resumes_and_hands_over(
     assert main(again) == 0
     assert len((out / "bootstrap.jsonl").read_text().splitlines()) == 2
     assert json.loads((run_dir / "rl" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_round_without_success_says_what_to_do(capsys: pytest.CaptureFixture[str]) -> None:
+    from looprl.cli.bootstrap import print_report
+    from looprl.sft.bootstrap import BootstrapOutcome, RoundRecord
+    from looprl.sft.successes import round_stats
+    from looprl.trainer.config import load_config
+
+    stats = round_stats({"a": (16, 0), "b": (16, 0)}, group_size=4)
+    record = RoundRecord(
+        round=1, by="model", sampler="tiny", sampled_model="tiny", stats=stats, kept=0,
+        kept_total=0, sft_steps=0, model=None, tokens=900, seconds=3.0, sample_seconds=3.0,
+        sft_seconds=0.0, stop="no_successes",
+    )  # fmt: skip
+    print_report(BootstrapOutcome([record], "no_successes", "tiny", 1), load_config(None))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "round 1 kept no new success (reward >= 1.0): nothing to fine-tune on" in out
+    assert "raise bootstrap.attempts or bootstrap.temperature" in out and "0/32" in out
