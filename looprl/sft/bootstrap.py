@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 from looprl.console import progress
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
-from looprl.eval.run import EvalJob, run_eval, solved, traces_from_episodes
+from looprl.eval.run import EvalJob, run_eval, traces_from_episodes
 from looprl.files import iter_jsonl, write_text_atomically, writing
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig
@@ -230,12 +230,13 @@ async def sample_round(
     )  # fmt: skip
     try:
         with progress(f"round {n}", len(tasks) * section.attempts) as advance:
-            tally = [0, 0]  # successes, attempts
+            counts: dict[str, tuple[int, int]] = {}
 
             def on_group(group: list[EpisodeResult]) -> None:
-                tally[0] += sum(solved(ep, section.success_threshold) for ep in group)
-                tally[1] += len(group)
-                advance(len(group), f"successes {tally[0]}/{tally[1]}")
+                counts.update(task_counts(group, section.success_threshold))
+                stats = round_stats(counts, job.group_size)
+                advance(len(group), f"pass@1 {stats.pass_at_1:.3f} pass@{stats.k} "
+                        f"{stats.pass_at_k:.3f}, {stats.successes} successes")  # fmt: skip
 
             eval_job.on_group = on_group
             done = await run_eval(eval_job)
