@@ -89,6 +89,7 @@ def test_tiny_model_bootstraps_resumes_and_hands_over(
     start = load_file(resolve_model_path("tiny") / "model.safetensors")
     assert any(not start[k].equal(trained[k]) for k in start)
     assert "bootstrap rounds" in printed and "signal: expected fraction of GRPO groups" in printed
+    assert "model handed over: tiny" in printed
     assert "looprl train --env.name calculator --env.kwargs.digits 1" in printed
     # a finished bootstrap resumed: no round runs again; --then-train runs the printed command
     run_dir = tmp_path / "runs"

@@ -81,7 +81,10 @@ def run_bootstrap_command(args: argparse.Namespace, dotted: list[str]) -> int:
     trained = any(r.model for r in outcome.records)
     if outcome.stop == "no_successes" and not trained:
         return 1
-    console.print(f"continue with RL:\n  {shlex.join(command)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"model handed over: {outcome.handover_model}\ncontinue with RL:\n  {shlex.join(command)}",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
     if args.then_train:
         return then_train(args.config, command)
     return 0
@@ -235,7 +238,7 @@ def print_start(job: Any, cfg: Any) -> None:
 def print_round(record: Any) -> None:
     """One line per finished round."""
     s = record.stats
-    then = f"fine-tuned {record.sft_steps} steps → {record.model}" if record.model else record.stop
+    then = f"fine-tuned {record.sft_steps} steps → {record.model}" if record.model else "stops"
     console.print(
         f"round {record.round}: pass@1 {s.pass_at_1:.3f} · pass@{s.k} {s.pass_at_k:.3f} · "
         f"signal {s.signal:.3f} · kept {record.kept} · {record.seconds:.0f} s · {then}",
@@ -296,4 +299,3 @@ def print_report(outcome: Any, cfg: Any) -> None:
     )  # fmt: skip
     style = "yellow" if outcome.stop == "no_successes" else "bold"
     console.print(f"[{style}]stopped:[/] {text}", highlight=False, soft_wrap=True)
-    console.print(f"model handed over: {outcome.handover_model}", highlight=False)
