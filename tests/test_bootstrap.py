@@ -98,7 +98,7 @@ class ScriptedStudent:
         if self.fail_on is not None and len(self.trained) + 1 == self.fail_on:
             raise KeyboardInterrupt
         self.trained.append(len(rows))
-        source = self.sampled[-1]
+        source = self.sampled[-1] if self.sampled else "start"  # after a teacher round
         output.mkdir(parents=True)
         (output / "level.json").write_text(json.dumps(self.level(source) + self.gain))
         return len(rows)
@@ -190,3 +190,30 @@ def test_resume_continues_at_the_last_finished_round(tmp_path: Path) -> None:
         return [(r.round, r.stats, r.kept, r.kept_total, r.sft_steps, r.stop) for r in rs]
 
     assert same(records) == same(whole.records)
+
+
+def test_a_teacher_server_samples_round_one_and_the_model_goes_on(tmp_path: Path) -> None:
+    from looprl.sft.student import teacher_sampler
+    from looprl.testing.fake_openai import FakeOpenAIServer
+
+    def teacher(request: dict[str, Any]) -> str:
+        question = next(m["content"] for m in request["messages"] if m["role"] == "user")
+        expr = re.search(r"What is (.+)\?", question)
+        return f"The answer is {safe_eval(expr[1]) if expr else 0}."
+
+    student = ScriptedStudent(gain=0)
+    with FakeOpenAIServer(script=teacher) as srv:
+        boot = job(tmp_path, student, max_rounds=2, teacher_base_url=srv.base_url,
+                   teacher_model="big")  # fmt: skip
+        boot.teacher = lambda: teacher_sampler(boot.section, 4)
+        outcome = run_bootstrap(boot)
+        url = srv.base_url
+    first, second = outcome.records
+    # the server solved every task; identical replies are kept once per task
+    assert (first.by, first.stats.pass_at_1, first.kept) == ("teacher", 1.0, 12)
+    assert first.sampler == f"big at {url}" and first.sft_steps == 12
+    rows = rows_of(tmp_path / "boot" / "round_1" / "successes.jsonl")
+    assert rows[0]["messages"][-1]["content"].startswith("The answer is")
+    # round 2 is the model's own: it samples what round 1 trained, and is its first measure
+    assert second.by == "model" and student.sampled == [first.model]
+    assert (outcome.stop, outcome.handover_model) == ("max_rounds", first.model)
