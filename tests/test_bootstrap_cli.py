@@ -118,3 +118,17 @@ def test_a_round_without_success_says_what_to_do(capsys: pytest.CaptureFixture[s
     out = " ".join(capsys.readouterr().out.split())
     assert "round 1 kept no new success (reward >= 1.0): nothing to fine-tune on" in out
     assert "raise bootstrap.attempts or bootstrap.temperature" in out and "0/32" in out
+
+
+def test_ctrl_c_says_how_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(job: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("looprl.sft.bootstrap.run_bootstrap", interrupted)
+    out = tmp_path / "boot"
+    assert main(["bootstrap", "calculator", "--output", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted: the bootstrap stopped; finished rounds")
+    assert f"resume with: looprl bootstrap calculator --output {out} --resume" in err

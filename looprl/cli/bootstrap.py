@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from looprl.cli.fields import UsageError
+from looprl.cli.fields import Interrupted, UsageError
 from looprl.console import console
 from looprl.files import write_text_atomically
 
@@ -64,17 +64,15 @@ def run_bootstrap_command(args: argparse.Namespace, dotted: list[str]) -> int:
 
     cfg = bootstrap_config(args, dotted)
     job = bootstrap_job(cfg, args)
-    print_start(job, cfg)
+    print_start(job)
     try:
         outcome = run_bootstrap(job)
     except SamplingFailed as exc:
         raise SystemExit(f"error: {exc}") from None
     except KeyboardInterrupt:
-        from looprl.cli.fields import Interrupted
-
         raise Interrupted(
             f"the bootstrap stopped; finished rounds and sampled groups are kept in {job.output}",
-            f"resume with: {shlex.join(['looprl', 'bootstrap', *resume_argv(args, job.output)])}",
+            f"resume with: {shlex.join(['looprl', *resume_argv(args, job.output)])}",
         ) from None
     print_report(outcome, cfg)
     command = train_command(args, dotted, outcome.handover_model)
@@ -197,7 +195,8 @@ def output_dir(args: argparse.Namespace, cfg: Any) -> Path:
 
 
 def resume_argv(args: argparse.Namespace, output: Path) -> list[str]:
-    """The arguments typed, with `--output DIR` and `--resume` added when missing."""
+    """The arguments typed (the command first), with `--output DIR` and `--resume` added when
+    missing."""
     argv = list(args.argv)
     if "--output" not in argv:
         argv += ["--output", str(output)]
@@ -224,7 +223,7 @@ def sft_log(step: int, total: int, loss: float, seconds: float) -> None:
     console.print(f"  sft step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s", highlight=False)
 
 
-def print_start(job: Any, cfg: Any) -> None:
+def print_start(job: Any) -> None:
     """The first line: what is bootstrapped, on what, how much per round, where."""
     s = job.section
     console.print(
