@@ -117,7 +117,7 @@ def test_a_round_without_success_says_what_to_do(capsys: pytest.CaptureFixture[s
     print_report(BootstrapOutcome([record], "no_successes", "tiny", 1), load_config(None))
     out = " ".join(capsys.readouterr().out.split())
     assert "round 1 kept no new success (reward >= 1.0): nothing to fine-tune on" in out
-    assert "raise bootstrap.attempts or bootstrap.temperature" in out and "0/32" in out
+    assert "raise bootstrap.attempts or bootstrap.attempt_temperature" in out and "0/32" in out
 
 
 def test_ctrl_c_says_how_to_resume(

@@ -228,7 +228,7 @@ def print_start(job: Any) -> None:
     s = job.section
     console.print(
         f"[bold]looprl bootstrap[/bold] {job.env.name} · model {job.start_model} · "
-        f"{s.tasks} tasks x {s.attempts} attempts per round at T={s.temperature}, at most "
+        f"{s.tasks} tasks x {s.attempts} attempts per round at T={s.attempt_temperature}, at most "
         f"{s.max_rounds} rounds · GRPO groups of {job.group_size} → {job.output}",
         highlight=False,
     )
@@ -253,7 +253,7 @@ STOPS = {
     "max_rounds": "bootstrap.max_rounds {rounds} reached; handing over the best round's model "
     "(round {n}); raise max_rounds into a new --output to go further",
     "no_successes": "round {last} kept no new success (reward >= {thr}): nothing to fine-tune "
-    "on — raise bootstrap.attempts or bootstrap.temperature, start from easier tasks (an easier "
+    "on — raise bootstrap.attempts or bootstrap.attempt_temperature, start from easier tasks (an easier "
     "slice through --env.kwargs, or a curriculum), or let a stronger model sample round 1 "
     "(bootstrap.teacher_base_url)",
 }

@@ -218,7 +218,7 @@ async def sample_round(
     section = job.section
     sampling = SamplingParams(
         max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
-        temperature=section.temperature, seed=job.seed + n,
+        temperature=section.attempt_temperature, seed=job.seed + n,
     )  # fmt: skip
     tasks = round_tasks(job, n)
     eval_job = EvalJob(

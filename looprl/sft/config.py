@@ -21,11 +21,11 @@ class BootstrapSection(BaseModel):
         ge=1,
         description="training tasks per round, a new slice of the seeded stream each round",
     )
-    temperature: float = Field(
+    attempt_temperature: float = Field(
         1.0,
         gt=0,
-        description="sampling temperature (1.0: the policy itself; raise it when no attempt "
-        "succeeds)",
+        description="sampling temperature of the attempts (1.0: the policy itself; raise it when "
+        "no attempt succeeds; named apart from rollout.temperature, which GRPO samples at)",
     )
     max_rounds: int = Field(
         4,
