@@ -1,4 +1,4 @@
-"""The `looprl` command line: eval, train, sft, config, env, probe, view, init.
+"""The `looprl` command line: eval, train, sft, bootstrap, config, env, probe, view, init.
 
 Each command lives in its own module (`cli_eval`, `cli_train`, `cli_env`) and registers itself
 here. A user mistake anywhere is a `UsageError` (or a `ConfigError`): `main` prints one line,
@@ -50,6 +50,7 @@ def _version() -> str:
 
 def build_parser() -> tuple[Parser, dict[str, Parser]]:
     """The `looprl` parser and each command's own parser, by name."""
+    from looprl.cli import bootstrap as cli_bootstrap
     from looprl.cli import env as cli_env
     from looprl.cli import eval as cli_eval
     from looprl.cli import train as cli_train
@@ -60,6 +61,7 @@ def build_parser() -> tuple[Parser, dict[str, Parser]]:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cli_eval.register(sub)
     cli_train.register(sub)
+    cli_bootstrap.register(sub)
     cli_env.register(sub)
     probe_command.register(sub)
     _view_parser(sub)
@@ -121,7 +123,7 @@ def _write_fault(exc: OSError, argv: list[str]) -> int:
 def _go_on(argv: list[str]) -> str:
     """How to go on after a full disk: `looprl eval` and `looprl train` resume, the rest rerun."""
     command = next((a for a in argv if not a.startswith("-")), "")
-    return "rerun with --resume" if command in ("eval", "train") else "rerun"
+    return "rerun with --resume" if command in ("eval", "train", "bootstrap") else "rerun"
 
 
 def _reader_gone() -> int:

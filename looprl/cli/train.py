@@ -281,30 +281,20 @@ def _replaceable(path: Path) -> bool:
 
 
 def _sft(cfg: SFTConfig, rows: list[dict[str, Any]]) -> None:
-    from looprl.models.loading import load_model
-    from looprl.rendering.renderer import Renderer
-    from looprl.sft.train import examples_from_rows, sft_train
-    from looprl.trainer.checkpoint.single import export_hf
-    from looprl.trainer.setup import seed_everything
+    from looprl.sft.train import sft_model
 
-    seed_everything(cfg.seed)
-    model, tokenizer = load_model(cfg.model)
-    examples = examples_from_rows(
-        lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token
-    )
-    trained = sum(sum(e.mask) for e in examples)
-    console.print(
-        f"[bold]looprl sft[/bold] {len(examples)} conversations · {trained} trained tokens"
-    )
+    def start(conversations: int, tokens: int) -> None:
+        console.print(
+            f"[bold]looprl sft[/bold] {conversations} conversations · {tokens} trained tokens"
+        )
 
     def log(step: int, total: int, loss: float, seconds: float) -> None:
         console.print(f"step {step}/{total}  loss {loss:.4f}  {seconds:.0f}s")
 
-    sft_train(
-        model, examples, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed,
-        micro_batch_tokens=cfg.micro_batch_tokens, log=log,
+    sft_model(
+        cfg.model, rows, cfg.output, epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size,
+        seed=cfg.seed, micro_batch_tokens=cfg.micro_batch_tokens, log=log, on_start=start,
     )  # fmt: skip
-    export_hf(model, tokenizer, cfg.output)
     console.print(f"saved {cfg.output}")
 
 

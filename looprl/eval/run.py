@@ -378,6 +378,11 @@ def save_sft_traces(
     return len(rows)
 
 
+def solved(ep: EpisodeResult, threshold: float) -> bool:
+    """An episode that ran and was scored without errors and reached reward `threshold`."""
+    return not ep.errors and bool(ep.rewards) and ep.reward >= threshold - 1e-9
+
+
 def traces_from_episodes(
     env: Environment, episodes: Iterable[EpisodeResult], threshold: float
 ) -> list[dict[str, Any]]:
@@ -388,7 +393,7 @@ def traces_from_episodes(
     """
     rows = []
     for ep in episodes:
-        if ep.errors or not ep.rewards or ep.reward < threshold - 1e-9:
+        if not solved(ep, threshold):
             continue
         tools = env.for_task(ep.task).tool_schemas
         rows.append({"messages": [m.to_template() for m in ep.messages], "tools": tools})

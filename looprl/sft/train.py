@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,3 +259,45 @@ def examples_from_rows(
         messages = [Message.from_dict(m) for m in row["messages"]]
         out.append(encode_conversation(renderer_for(row.get("tools") or []), messages, eos_text))
     return out
+
+
+def sft_model(
+    model_name: str,
+    rows: list[dict[str, Any]],
+    output: Path,
+    *,
+    epochs: float,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    micro_batch_tokens: int | None = None,
+    log: Any = None,
+    on_start: Callable[[int, int], None] | None = None,
+    chat_template: str | None = None,
+) -> int:
+    """Load `model_name`, train it on `rows` (`read_conversations`' rows) with `sft_train`, and
+    export it to `output` as a Hugging Face model (atomically); the optimizer steps taken.
+
+    `log(step, total, loss, seconds)` is called as `sft_train` calls it; `on_start(conversations,
+    trained_tokens)` once the rows are encoded, before the first step. `chat_template` replaces
+    the tokenizer's (`looprl.rendering.templates.set_chat_template`; None keeps it).
+    """
+    from looprl.models.loading import load_model
+    from looprl.rendering.templates import set_chat_template
+    from looprl.trainer.checkpoint.single import export_hf
+    from looprl.trainer.setup import seed_everything
+
+    seed_everything(seed)
+    model, tokenizer = load_model(model_name)
+    set_chat_template(tokenizer, chat_template)
+    examples = examples_from_rows(
+        lambda tools: Renderer(tokenizer, tools), rows, tokenizer.eos_token
+    )
+    if on_start is not None:
+        on_start(len(examples), sum(sum(e.mask) for e in examples))
+    losses = sft_train(
+        model, examples, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+        micro_batch_tokens=micro_batch_tokens, log=log,
+    )  # fmt: skip
+    export_hf(model, tokenizer, output)
+    return len(losses)

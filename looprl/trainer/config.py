@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from looprl.engines.config import EngineSection
 from looprl.rendering.formats import ParserName
 from looprl.rendering.templates import check_template_choice
+from looprl.sft.config import BootstrapSection
 from looprl.trainer.config_names import FOREIGN_NAMES, RENAMED
 from looprl.trainer.curriculum.config import CurriculumSection, HintsSection
 from looprl.trainer.metrics import check_metric_name
@@ -327,6 +328,7 @@ class TrainConfig(_Section):
     curriculum: CurriculumSection = Field(default_factory=lambda: CurriculumSection())
     hints: HintsSection = Field(default_factory=lambda: HintsSection())
     run: RunSection = Field(default_factory=lambda: RunSection())
+    bootstrap: BootstrapSection = Field(default_factory=lambda: BootstrapSection())
 
     @field_validator("algorithm")
     @classmethod

@@ -39,6 +39,7 @@ SAFE_ON_RESUME: dict[str, str] = {
     "engine": "where rollouts are sampled (torch or vLLM servers), not from which weights",
     "monitors": "the reward-hacking monitors only watch",
     "run": "where and how the run logs (TensorBoard, W&B)",
+    "bootstrap": "read by looprl bootstrap only, never by looprl train",
 }
 """Fields (or whole sections) a resumed run may change, each with the reason it is safe."""
 

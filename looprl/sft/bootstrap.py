@@ -1,0 +1,332 @@
+"""Self-bootstrap before RL: sample many attempts, keep the successes, fine-tune on them, repeat.
+
+Expert iteration as STaR (Zelikman et al. 2022, arXiv:2203.14465) and ReST-EM (Singh et al.
+2023, arXiv:2312.06585) run it, for a model that scores too rarely for GRPO to have signal.
+Round n samples `attempts` per task over a new slice of `tasks` training tasks with the model
+round n-1 trained (round 1: the starting model, or a teacher server), through `run_eval` (so a
+killed round resumes without repeating finished groups). The rubric decides success; identical
+completions are kept once and at most `max_per_task` per task. Unless the round stops, the
+starting model is fine-tuned with `looprl.sft` on every success kept so far and saved as
+`round_n/model`. A round stops the bootstrap when:
+
+1. its GRPO signal (`looprl.sft.successes.signal_fraction` at the trainer's group size) reaches
+   `handover_signal`: its model is handed over to `looprl train`;
+2. its pass@1 does not beat the best round's by `min_gain`: the best round's model is handed over;
+3. it kept no new success: nothing to fine-tune on (the message names the fixes);
+4. it is round `max_rounds`: it measures the model the round before trained.
+
+Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
+kept successes stay in the data (a small model finds few per round). STaR adds rationalisation
+(hints from the answer), left to the environment. A teacher round samples a server's model
+(message level); its traces, like every trace here, are fine-tuned on as messages re-rendered by
+the model's own chat template, not as the sampler's token ids.
+
+`DIR/bootstrap.jsonl` holds one row per finished round (`RoundRecord`); `DIR/round_n/` the
+round's samples (`samples/results.jsonl`), its successes as SFT JSONL (`successes.jsonl`) and
+its model (`model/`). `--resume` continues at the first unfinished round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from looprl.console import progress
+from looprl.engines.base import Engine
+from looprl.envs.base import Environment
+from looprl.eval.run import EvalJob, run_eval, traces_from_episodes
+from looprl.files import iter_jsonl, write_text_atomically, writing
+from looprl.rendering.renderer import Renderer
+from looprl.rollout.loop import RolloutConfig
+from looprl.sft.config import BootstrapSection
+from looprl.sft.successes import (
+    RoundStats,
+    completion_key,
+    keep_successes,
+    round_stats,
+    task_counts,
+)
+from looprl.types import EpisodeResult, SamplingParams
+
+Stop = Literal["handover", "stalled", "no_successes", "max_rounds"]
+RECORDS = "bootstrap.jsonl"
+
+
+class SamplingFailed(Exception):
+    """A round's sampling failed (at least half its attempts errored); the message says why."""
+
+
+@dataclass
+class Sampler:
+    """What samples a round: an engine, the renderer a token-level engine needs (None for a
+    message-level one) and a name for the records."""
+
+    engine: Engine
+    renderer: Renderer | None
+    name: str
+
+
+class Student(Protocol):
+    """The model being bootstrapped: a sampler on one of its saved models, and fine-tuning."""
+
+    def sampler(self, model: str) -> Sampler:
+        """A sampler on `model` (the starting model's name or a round's model directory)."""
+        ...
+
+    def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+        """Fine-tune the starting model on `rows` (SFT JSONL rows), save it to `output`; steps."""
+        ...
+
+
+@dataclass
+class BootstrapJob:
+    """A bootstrap ready to run: the environment, the `[bootstrap]` settings, the model
+    (`student`, starting from `start_model`), an optional teacher for round 1, and where to
+    write (`output`). `group_size` is the trainer's rollouts_per_task; `seed` picks the tasks
+    and seeds the sampling."""
+
+    env: Environment
+    section: BootstrapSection
+    student: Student
+    start_model: str
+    output: Path
+    group_size: int
+    seed: int = 0
+    max_tokens: int | None = None
+    teacher: Callable[[], Sampler] | None = None
+    resume: bool = False
+    on_round: Callable[[RoundRecord], None] | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One row of `bootstrap.jsonl`: what a round sampled, measured, kept and trained.
+
+    `sampled_model` made the attempts (`sampler` names the engine's model: the teacher's for a
+    teacher round); `kept` counts the successes this round added (`kept_total`: all rounds');
+    `model` is the directory of the model it trained (None when it stopped instead: `stop`).
+    `tokens` counts the tokens sampled; `seconds` the round's wall time in the process that
+    finished it (`sample_seconds` generating, `sft_seconds` fine-tuning).
+    """
+
+    round: int
+    by: Literal["model", "teacher"]
+    sampler: str
+    sampled_model: str
+    stats: RoundStats
+    kept: int
+    kept_total: int
+    sft_steps: int
+    model: str | None
+    tokens: int
+    seconds: float
+    sample_seconds: float
+    sft_seconds: float
+    stop: Stop | None
+
+    def to_row(self) -> dict[str, Any]:
+        """The JSON row: the record's fields with the statistics inlined."""
+        row = dataclasses.asdict(self)
+        return {**row.pop("stats"), **row}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RoundRecord:
+        """Read a row written by `to_row`."""
+        names = {f.name for f in dataclasses.fields(RoundStats)}
+        stats = RoundStats(**{k: v for k, v in row.items() if k in names})
+        return cls(stats=stats, **{k: v for k, v in row.items() if k not in names})
+
+
+@dataclass
+class BootstrapOutcome:
+    """The finished bootstrap: every round, why it stopped and the model handed over (the
+    measured model with the GRPO signal, or the best round's)."""
+
+    records: list[RoundRecord]
+    stop: Stop
+    handover_model: str
+    handover_round: int
+
+
+def run_bootstrap(job: BootstrapJob) -> BootstrapOutcome:
+    """Run rounds until one stops (see the module doc); resume the finished ones with `resume`."""
+    records = read_records(job.output) if job.resume else []
+    rows = kept_rows(job.output, records)
+    seen = {row_key(r) for r in rows}
+    while not records or (records[-1].stop is None and len(records) < job.section.max_rounds):
+        record = run_round(job, len(records) + 1, records, rows, seen)
+        append_record(job.output, record)
+        records.append(record)
+        if job.on_round is not None:
+            job.on_round(record)
+    return outcome(job, records)
+
+
+def run_round(
+    job: BootstrapJob,
+    n: int,
+    records: list[RoundRecord],
+    rows: list[dict[str, Any]],
+    seen: set[str],
+) -> RoundRecord:
+    """Sample round `n`, keep its new successes (added to `rows` and `seen`), and fine-tune
+    unless it stops; its record."""
+    t0 = time.perf_counter()
+    by: Literal["model", "teacher"] = "teacher" if n == 1 and job.teacher else "model"
+    sampled = job.start_model if n == 1 else str(records[-1].model)
+    sampler = job.teacher() if job.teacher and by == "teacher" else job.student.sampler(sampled)
+    episodes, sample_seconds, tokens = asyncio.run(sample_round(job, n, sampler))
+    section = job.section
+    stats = round_stats(task_counts(episodes, section.success_threshold), job.group_size)
+    kept = keep_successes(episodes, section.success_threshold, section.max_per_task, seen)
+    new_rows = success_rows(job.env, kept, section.success_threshold)
+    round_dir = job.output / f"round_{n}"
+    write_rows(round_dir / "successes.jsonl", new_rows)
+    rows += new_rows
+    stop = stop_reason(section, n, by, stats, len(kept), records)
+    steps, model, t1 = 0, None, time.perf_counter()
+    if stop is None:
+        steps = job.student.finetune(rows, round_dir / "model")
+        model = str(round_dir / "model")
+    return RoundRecord(
+        round=n, by=by, sampler=sampler.name, sampled_model=sampled, stats=stats,
+        kept=len(kept), kept_total=len(rows), sft_steps=steps, model=model, tokens=tokens,
+        seconds=time.perf_counter() - t0, sample_seconds=sample_seconds,
+        sft_seconds=time.perf_counter() - t1 if stop is None else 0.0, stop=stop,
+    )  # fmt: skip
+
+
+def round_tasks(job: BootstrapJob, n: int) -> list[Any]:
+    """Round `n`'s slice of the seeded training stream: tasks (n-1)*T .. n*T-1."""
+    size = job.section.tasks
+    stream = job.env.iter_train_tasks(job.seed, start=(n - 1) * size)
+    return list(itertools.islice(stream, size))
+
+
+async def sample_round(
+    job: BootstrapJob, n: int, sampler: Sampler
+) -> tuple[list[EpisodeResult], float, int]:
+    """Every attempt of round `n` (kept ones of a killed run are reused), the seconds spent
+    generating and the tokens sampled; the engine is closed after."""
+    section = job.section
+    sampling = SamplingParams(
+        max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
+        temperature=section.attempt_temperature, seed=job.seed + n,
+    )  # fmt: skip
+    tasks = round_tasks(job, n)
+    eval_job = EvalJob(
+        env=job.env, engine=sampler.engine, tasks=tasks, rollouts_per_task=section.attempts,
+        renderer=sampler.renderer, config=RolloutConfig(sampling=sampling, seed=job.seed + n),
+        output=job.output / f"round_{n}" / "samples", resume=True,
+        metadata={"kind": "bootstrap", "round": n, "model": sampler.name},
+        pass_threshold=section.success_threshold,
+    )  # fmt: skip
+    try:
+        with progress(f"round {n}", len(tasks) * section.attempts) as advance:
+            counts: dict[str, tuple[int, int]] = {}
+
+            def on_group(group: list[EpisodeResult]) -> None:
+                counts.update(task_counts(group, section.success_threshold))
+                stats = round_stats(counts, job.group_size)
+                advance(len(group), f"pass@1 {stats.pass_at_1:.3f} pass@{stats.k} "
+                        f"{stats.pass_at_k:.3f}, {stats.successes} successes")  # fmt: skip
+
+            eval_job.on_group = on_group
+            done = await run_eval(eval_job)
+    finally:
+        await sampler.engine.close()
+    if done.status == "failed":
+        raise SamplingFailed(
+            f"round {n}: sampling failed: {done.headline}; fix the cause and rerun with --resume "
+            "(finished groups are kept)"
+        )
+    return done.episodes, done.seconds, int(done.summary["generated_tokens"])
+
+
+def stop_reason(
+    section: BootstrapSection,
+    n: int,
+    by: str,
+    stats: RoundStats,
+    kept: int,
+    records: list[RoundRecord],
+) -> Stop | None:
+    """Why round `n` stops the bootstrap (module doc, in that order), or None to fine-tune.
+
+    A teacher round is not the model's own measure: only `no_successes` stops it.
+    """
+    if by == "teacher":
+        return "no_successes" if kept == 0 else None
+    best = best_record(records)
+    if stats.signal >= section.handover_signal:
+        return "handover"
+    if best is not None and stats.pass_at_1 < best.stats.pass_at_1 + section.min_gain:
+        return "stalled"
+    if kept == 0:
+        return "no_successes"
+    return "max_rounds" if n >= section.max_rounds else None
+
+
+def best_record(records: list[RoundRecord]) -> RoundRecord | None:
+    """The model-sampled round with the highest pass@1 (the earliest of equals), if any."""
+    own = [r for r in records if r.by == "model"]
+    return max(own, key=lambda r: (r.stats.pass_at_1, -r.round)) if own else None
+
+
+def outcome(job: BootstrapJob, records: list[RoundRecord]) -> BootstrapOutcome:
+    """The model handed over: the last round's when it reached the signal, else the best's."""
+    last = records[-1]
+    stop: Stop = last.stop or "max_rounds"
+    chosen = last if stop == "handover" else (best_record(records) or last)
+    return BootstrapOutcome(records, stop, chosen.sampled_model, chosen.round)
+
+
+def success_rows(
+    env: Environment, kept: list[EpisodeResult], threshold: float
+) -> list[dict[str, Any]]:
+    """SFT rows of the kept successes (`traces_from_episodes`), each with its task id."""
+    rows = traces_from_episodes(env, kept, threshold)
+    return [{"task": ep.task.id, **row} for ep, row in zip(kept, rows, strict=True)]
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """`completion_key` of a written success row."""
+    return completion_key(row["task"], row["messages"])
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write SFT rows as JSONL, atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def append_record(output: Path, record: RoundRecord) -> None:
+    """Append a finished round's row to `bootstrap.jsonl` (the round is done once it is there)."""
+    path = output / RECORDS
+    with writing(path), path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record.to_row()) + "\n")
+
+
+def read_records(output: Path) -> list[RoundRecord]:
+    """The finished rounds in `output/bootstrap.jsonl` (none when it does not exist)."""
+    path = output / RECORDS
+    if not path.exists():
+        return []
+    fix = "each line is one finished round; remove a damaged last line and rerun with --resume"
+    return [RoundRecord.from_row(row) for _, row in iter_jsonl(path, fix=fix)]
+
+
+def kept_rows(output: Path, records: list[RoundRecord]) -> list[dict[str, Any]]:
+    """Every success row the finished rounds kept, in round order."""
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        path = output / f"round_{r.round}" / "successes.jsonl"
+        rows += [row for _, row in iter_jsonl(path, fix="rerun the bootstrap into a new --output")]
+    return rows
