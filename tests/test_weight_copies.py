@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_torch_engine import TOKENIZER, hf_greedy, make_model, prompts
 
+from looprl.engines import weight_copies
 from looprl.engines.base import GenerationRequest
 from looprl.engines.kv_model import LlamaKVModel
 from looprl.engines.threads import torch_threads
@@ -44,6 +45,12 @@ def assert_same(a: LlamaKVModel, b: LlamaKVModel, steps: int = 6) -> None:
     torch.testing.assert_close(
         logits_a.log_softmax(-1), logits_b.log_softmax(-1), atol=ATOL, rtol=RTOL
     )
+
+
+@pytest.fixture(autouse=True)
+def pack_small_matrices(monkeypatch):
+    """These models' matrices are far below PACK_MIN_WEIGHTS: pack them anyway, to test packing."""
+    monkeypatch.setattr(weight_copies, "PACK_MIN_WEIGHTS", 0)
 
 
 COPIES = [
@@ -91,6 +98,14 @@ def test_packed_linear_equals_f_linear_at_every_row_count(rows):
         atol=1e-5,
         rtol=0,
     )
+
+
+def test_a_model_of_small_matrices_is_not_packed(monkeypatch):
+    model = make_model("llama")
+    biggest = max(p.numel() for p in model.parameters() if p.dim() == 2)
+    monkeypatch.setattr(weight_copies, "PACK_MIN_WEIGHTS", biggest + 1)
+    kv = LlamaKVModel(model, max_slots=8, max_seq_len=256, pack=True)
+    assert not kv.pack and kv.copies is None and kv.head is None
 
 
 def test_torch_engine_packs_by_default_and_can_be_told_not_to():

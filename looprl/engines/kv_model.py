@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from looprl.engines.weight_copies import HeadCopy, LayerCopies, mkl_packing_works
+from looprl.engines.weight_copies import HeadCopy, LayerCopies, mkl_packing_works, worth_packing
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -229,7 +229,7 @@ class LlamaKVModel:
         self.device: torch.device = weight.device
         self.dtype: torch.dtype = weight.dtype
         self.pack = pack and weight.device.type == "cpu" and weight.dtype == torch.float32
-        self.pack = self.pack and mkl_packing_works()
+        self.pack = self.pack and worth_packing(model) and mkl_packing_works()
         copies = fuse or self.pack
         self.copies = (
             [LayerCopies(x, fuse=fuse, pack=self.pack) for x in self.layers] if copies else None

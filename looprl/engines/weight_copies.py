@@ -4,7 +4,7 @@ Two opt-ins of the fast path (`looprl.engines.kv_model.LlamaKVModel`):
 
 - **fused**: q/k/v in one matrix and gate/up in another, so a decoder layer runs 4 matmuls instead
   of 7 (q, k, v, o, gate, up, down);
-- **packed**: every layer matrix and the LM head packed once in MKL's sgemm layout
+- **packed**: every layer matrix and the LM head of `PACK_MIN_WEIGHTS` or more packed once in MKL's sgemm layout
   (`torch.ops.mkl._mkl_reorder_linear_weight`). A plain sgemm re-packs the whole weight at every
   call; for the few rows of a decode step that copy costs as much as the product, so a packed
   weight runs the same product 1.3-2x faster at 4-64 rows on one thread (benchmarks/engine.py,
@@ -29,6 +29,9 @@ Product = Callable[[torch.Tensor], Any]  # x -> a tensor, or a tuple of them (q/
 
 PACK_HINT_ROWS = 64  # MKL's packed layout of the weight does not depend on the rows (checked once)
 PACKED_ROWS = (4, 256)  # below: MKL uses matrix-vector code anyway; above: no faster than plain
+PACK_MIN_WEIGHTS = (
+    300_000  # smaller matrices lose to the packed call's few microseconds of overhead
+)
 
 
 @functools.cache
@@ -75,6 +78,32 @@ class PackedLinear:
 def _plain(proj: Any) -> Any:
     """`proj`'s product as a function of x (its own weight and bias, read at call time)."""
     return lambda x: F.linear(x, proj.weight, proj.bias)
+
+
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Product:
+    """`x @ weight.T + bias` over a packed copy when `pack` and the matrix is large enough."""
+    if pack and weight.numel() >= PACK_MIN_WEIGHTS:
+        return PackedLinear(weight, bias)
+    return functools.partial(F.linear, weight=weight, bias=bias)
+
+
+def worth_packing(model: Any) -> bool:
+    """Whether any matrix of `model`'s decoder layers or LM head is large enough to pack."""
+    mods = [model.lm_head, *(m for layer in model.model.layers for m in _layer_modules(layer))]
+    return any(m.weight.numel() >= PACK_MIN_WEIGHTS for m in mods)
+
+
+def _layer_modules(layer: Any) -> list[Any]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return [
+        attn.q_proj,
+        attn.k_proj,
+        attn.v_proj,
+        attn.o_proj,
+        mlp.gate_proj,
+        mlp.up_proj,
+        mlp.down_proj,
+    ]
 
 
 class Copies:
@@ -163,8 +192,8 @@ class LayerCopies(Copies):
             gate, up = (linear(m.weight.detach(), _bias(m)) for m in (mlp.gate_proj, mlp.up_proj))
             self.gate_up = lambda x: (gate(x), up(x))
         if self.pack:
-            self.o = PackedLinear(attn.o_proj.weight.detach(), _bias(attn.o_proj))
-            self.down = PackedLinear(mlp.down_proj.weight.detach(), _bias(mlp.down_proj))
+            self.o = linear(attn.o_proj.weight.detach(), _bias(attn.o_proj))
+            self.down = linear(mlp.down_proj.weight.detach(), _bias(mlp.down_proj))
         else:
             self.o, self.down = _plain(attn.o_proj), _plain(mlp.down_proj)
 
@@ -184,7 +213,7 @@ class HeadCopy(Copies):
         return [t for t in (self.head.weight, self.head.bias) if t is not None]
 
     def _build(self) -> None:
-        self.linear = PackedLinear(self.head.weight.detach(), _bias(self.head))
+        self.linear = _product(self.head.weight.detach(), _bias(self.head), True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The head's product for `x` over the packed copy (call `current()` first)."""
