@@ -38,7 +38,7 @@ def rollout_batch(args: argparse.Namespace, out: Path) -> tuple[Trainer, list[Sa
     )  # fmt: skip
     trainer = Trainer(cfg, run_dir=out)
     trainer._setup()  # the trainer's own model, engine, renderer and update context
-    groups, _seconds, _used = asyncio.run(trainer._collect(1, 0))
+    groups, _seconds, _used = asyncio.run(trainer.collector.collect(1, 0))
     max_len = trainer.sampling.max_tokens * trainer.env.limits.max_turns
     samples, _stats = samples_from_groups(groups, trainer.algo, max_len)
     signs = [1.0 if i % 2 else -1.0 for i in range(len(samples))]
