@@ -15,6 +15,7 @@ from helpers import read_metrics, small_config
 from looprl.cli.main import main
 from looprl.engines.base import Generation
 from looprl.safe_json import loads_strict
+from looprl.trainer import collect as C
 from looprl.trainer import trainer as T
 from looprl.trainer.progress import ERROR_SKIPPED_KEY, ErroredBatches, no_gradient
 from looprl.types import EpisodeResult, Message, Task
@@ -102,7 +103,7 @@ def test_skipped_steps_in_a_row_stop_and_a_good_one_resets(tmp_path) -> None:
 def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
     """The engine answers every request of the training steps in `steps` with an error (a dead
     server): each of their episodes is an infra error."""
-    real = T.run_groups
+    real = C.run_groups
     calls = {"n": 0}
 
     class DeadServer:
@@ -119,7 +120,7 @@ def _fail_on_steps(monkeypatch: pytest.MonkeyPatch, steps: set[int]) -> None:
         calls["n"] += 1  # one call per training step (no dynamic sampling, nothing ahead)
         return real(env, DeadServer(engine) if calls["n"] in steps else engine, *args, **kwargs)
 
-    monkeypatch.setattr(T, "run_groups", run_groups)
+    monkeypatch.setattr(C, "run_groups", run_groups)
 
 
 @pytest.mark.slow
