@@ -163,9 +163,9 @@ class LayerCopies(Copies):
         self.down: Product = lambda x: empty
 
     def _modules(self) -> list[Any]:
-        attn, mlp = self.layer.self_attn, self.layer.mlp
-        mods = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
-        return mods + [attn.o_proj, mlp.down_proj] if self.pack else mods
+        """The projections copied: all seven when packing, else the five that fusion joins."""
+        mods = _layer_modules(self.layer)  # q, k, v, o, gate, up, down
+        return mods if self.pack else [m for i, m in enumerate(mods) if i not in (3, 6)]
 
     def _tensors(self) -> list[torch.Tensor]:
         """The source weights and biases, read from the layer now (modules may be replaced)."""
