@@ -13,6 +13,7 @@ import asyncio
 import copy
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,8 @@ from looprl.types import Generation, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # skipped without the venv: conftest.py
 PROMPT = [1, 5, 9, 14, 3]
-LONG = 600  # tokens: a sync that starts after the first 20 lands mid-request
+LONG = 1500  # tokens: a sync that starts after the first 40 lands mid-request, even when the
+# test process gets no CPU for seconds while the server runs (seen on two cores)
 SAME = 1e-4  # |logprob| difference of one computation done twice (float32, prefill vs decode)
 
 
@@ -65,8 +67,15 @@ def greedy(prompt: list[int], max_tokens: int) -> GenerationRequest:
 
 
 async def companion(root: str, max_tokens: int, after: int, swap) -> None:
-    """Stream a twin request from the server at `root` and run `swap()` (in a thread) once it
-    received `after` tokens: the request beside it is then mid-way too."""
+    """Stream a twin request from the server at `root`; once it received `after` tokens, hold
+    the server (`/pause`, as the swap's own pause does) and run `swap()` in a thread: the request
+    beside it is then mid-way too and stays there.
+
+    The hold comes first because on two cores a busy server can starve the test process for
+    seconds (its weight copy and save took 2-3 s, as long as a 600-token request), and the
+    swap's own pause then lands after the request has ended. The swap still pauses (a second
+    pause changes nothing), reloads, labels, preempts and resumes.
+    """
     params = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
     body = {"token_ids": PROMPT, "stream": True, "sampling_params": params}
     seen, swapped = 0, False
@@ -80,6 +89,7 @@ async def companion(root: str, max_tokens: int, after: int, swap) -> None:
                 seen += len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
             if seen >= after and not swapped:
                 swapped = True
+                (await client.post(f"{root}/pause", params={"mode": "keep"})).raise_for_status()
                 await asyncio.to_thread(swap)
     assert swapped, "the twin request ended before the swap: raise LONG"
 
@@ -90,7 +100,7 @@ def across(engine, reset, swap, max_tokens: int = LONG, after: int = 40) -> Gene
 
     The twin is only a clock: the request may start after it or end before the swap lands (the
     machine's load decides), so an attempt whose tokens all carry one version is made again,
-    three times at most.
+    three times at most; then the attempts are described in the failure.
     """
 
     async def main() -> Generation:
@@ -98,12 +108,25 @@ def across(engine, reset, swap, max_tokens: int = LONG, after: int = 40) -> Gene
         await companion(engine.clients[0].base_url, max_tokens, after, swap)
         return await task
 
+    tried = []
     for _attempt in range(4):
         reset()
+        start = time.perf_counter()
         gen = asyncio.run(main())
         if len(set(gen.versions)) > 1:
-            break
-    return gen
+            return gen
+        tried.append(
+            f"{len(gen.token_ids)} tokens ({gen.finish_reason}) all of version "
+            f"{sorted(set(gen.versions))} in {time.perf_counter() - start:.1f} s"
+        )
+    raise AssertionError(f"no attempt ran across the swap: {'; '.join(tried)}")
+
+
+def base_model(engine) -> None:
+    """Have `engine`'s requests name the base model again (an attempt of the adapter test that
+    missed the request is made anew from the base model: under the adapter it may stop early)."""
+    for client in engine.clients:
+        client.model, client.adapter_version = engine.served_name, None
 
 
 def split(gen: Generation) -> int:
@@ -194,7 +217,7 @@ def test_an_in_flight_adapter_sync_resubmits_under_the_new_adapter(engine, tiny)
     with tempfile.TemporaryDirectory() as tmp:
         peft.save_pretrained(tmp)
         swap = lambda: engine.load_adapter(Path(tmp), version=engine.policy_version + 1)  # noqa: E731
-        out = across(engine, lambda: None, swap)
+        out = across(engine, lambda: base_model(engine), swap)
     k = split(out)
     version = engine.policy_version  # 1 unless the swap was retried (`across`)
     assert out.versions[0] == version - 1 and out.versions[-1] == version
