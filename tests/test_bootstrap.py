@@ -217,3 +217,54 @@ def test_a_teacher_server_samples_round_one_and_the_model_goes_on(tmp_path: Path
     # round 2 is the model's own: it samples what round 1 trained, and is its first measure
     assert second.by == "model" and student.sampled == [first.model]
     assert (outcome.stop, outcome.handover_model) == ("max_rounds", first.model)
+
+
+def test_rationalisation_trains_on_hinted_successes_without_the_hint(tmp_path: Path) -> None:
+    def hint_reader(request: GenerationRequest) -> str:
+        """Solves nothing alone; with the answer in a note, writes it (STaR's rationalisation)."""
+        notes = [m.content for m in request.messages if m.content.startswith("Hint: the answer")]
+        answer = re.search(r"the answer is (-?[\d.]+)\.", notes[-1]) if notes else None
+        return f"The answer is {answer[1] if answer else -1}."
+
+    student = ScriptedStudent()
+    student.sampler = lambda model: Sampler(ScriptedEngine(hint_reader), None, model)  # type: ignore[method-assign]
+    boot = job(tmp_path, student, max_rounds=2, rationalize=True, hinted_attempts=2)
+    boot.env = load_environment("calculator", digits=1, hint_style="answer")
+    record = run_bootstrap(boot).records[0]
+    # no unhinted attempt succeeds: the stats say so; every task is solved with its hint
+    assert record.stats.successes == 0 and record.kept == 0 and record.hinted == 12
+    assert record.stop is None and student.trained == [12]  # fine-tuned on the hinted ones
+    rows = rows_of(tmp_path / "boot" / "round_1" / "successes.jsonl")
+    assert len(rows) == 12 and len({r["task"] for r in rows}) == 12
+    for row in rows:  # the note is gone: the reply stands on the question alone
+        assert [m["role"] for m in row["messages"]][-2:] == ["user", "assistant"]
+        assert not any("Hint" in (m.get("content") or "") for m in row["messages"])
+    hinted = rows_of(tmp_path / "boot" / "round_1" / "hinted" / "results.jsonl")
+    assert len(hinted) == 12 * 2 and all(r["task"]["info"]["hint"] == "note" for r in hinted)
+
+
+def test_a_hinted_tool_call_stays_as_the_models_own_turn(tmp_path: Path) -> None:
+    def result_reader(request: GenerationRequest) -> str:
+        """Solves nothing alone; answers with a tool result already in the conversation."""
+        results = [m.content for m in request.messages if m.role == "tool"]
+        return f"The answer is {results[-1] if results else -1}."
+
+    student = ScriptedStudent()
+    student.sampler = lambda model: Sampler(ScriptedEngine(result_reader), None, model)  # type: ignore[method-assign]
+    boot = job(tmp_path, student, max_rounds=1, rationalize=True, hinted_attempts=1)
+    record = run_bootstrap(boot).records[0]  # calculator's default hint: the call made for it
+    assert record.kept == 0 and record.hinted == 12
+    row = rows_of(tmp_path / "boot" / "round_1" / "successes.jsonl")[0]
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[-4:] == ["user", "assistant", "tool", "assistant"]
+    assert row["messages"][-3]["tool_calls"][0]["function"]["name"] == "calculate"
+
+
+def test_rationalisation_with_no_hint_stops_for_want_of_successes(tmp_path: Path) -> None:
+    student = ScriptedStudent()
+    student.level = lambda model: 0  # type: ignore[method-assign]
+    boot = job(tmp_path, student, rationalize=True)
+    boot.env = load_environment("calculator", digits=1, hint=None)
+    outcome = run_bootstrap(boot)
+    assert outcome.stop == "no_successes" and outcome.records[0].hinted == 0
+    assert not (tmp_path / "boot" / "round_1" / "hinted").exists() and student.trained == []

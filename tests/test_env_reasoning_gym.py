@@ -124,3 +124,17 @@ def test_training_stream_refuses_a_generator_that_changes_size():
         ValueError, match="generated 3 training tasks for epoch 1 but 5 for epoch 0"
     ):
         next(stream)
+
+
+def test_the_answer_hint_is_opt_in_and_names_the_answer() -> None:
+    import random
+
+    plain = load_environment("basic_arithmetic", size=20)
+    task = plain.get_tasks("train", 1)[0]
+    assert plain.hint(task, random.Random(0)) is None  # no hint unless asked: RL would copy it
+    env = load_registered("reasoning_gym", dataset="basic_arithmetic", size=20, hint_style="answer")
+    hint = env.hint(task, random.Random(0))
+    assert hint is not None and hint.kind == "note"
+    assert f"<answer>{task.answer}</answer>" in (hint.messages[0].content or "")
+    with pytest.raises(ValueError, match="hint_style='call'"):
+        load_environment("basic_arithmetic", hint_style="call")

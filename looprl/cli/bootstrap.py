@@ -240,7 +240,7 @@ def print_round(record: Any) -> None:
     then = f"fine-tuned {record.sft_steps} steps → {record.model}" if record.model else "stops"
     console.print(
         f"round {record.round}: pass@1 {s.pass_at_1:.3f} · pass@{s.k} {s.pass_at_k:.3f} · "
-        f"signal {s.signal:.3f} · kept {record.kept} · {record.seconds:.0f} s · {then}",
+        f"signal {s.signal:.3f} · kept {kept_cell(record)} · {record.seconds:.0f} s · {then}",
         highlight=False,
     )
 
@@ -254,8 +254,8 @@ STOPS = {
     "(round {n}); raise max_rounds into a new --output to go further",
     "no_successes": "round {last} kept no new success (reward >= {thr}): nothing to fine-tune "
     "on — raise bootstrap.attempts or bootstrap.attempt_temperature, start from easier tasks (an easier "
-    "slice through --env.kwargs, or a curriculum), or let a stronger model sample round 1 "
-    "(bootstrap.teacher_base_url)",
+    "slice through --env.kwargs, or a curriculum), rationalise with the environment's hint "
+    "(bootstrap.rationalize), or let a stronger model sample round 1 (bootstrap.teacher_base_url)",
 }
 """Why the bootstrap stopped, by `Stop`, each with what comes next."""
 
@@ -280,7 +280,7 @@ def print_report(outcome: Any, cfg: Any) -> None:
         table.add_row(
             str(r.round), sampled_label(r), f"{s.pass_at_1:.3f}", f"{s.pass_at_k:.3f}",
             f"{s.tasks_solved}/{s.tasks}", f"{s.signal:.3f}", f"{s.successes}/{s.attempts}",
-            str(r.kept), str(r.sft_steps), str(r.tokens), f"{r.seconds:.0f}",
+            kept_cell(r), str(r.sft_steps), str(r.tokens), f"{r.seconds:.0f}",
         )  # fmt: skip
     console.print(table)
     console.print(
@@ -298,3 +298,8 @@ def print_report(outcome: Any, cfg: Any) -> None:
     )  # fmt: skip
     style = "yellow" if outcome.stop == "no_successes" else "bold"
     console.print(f"[{style}]stopped:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def kept_cell(record: Any) -> str:
+    """Successes a round kept: `12`, or `12 + 5 hinted` with rationalisation."""
+    return f"{record.kept} + {record.hinted} hinted" if record.hinted else str(record.kept)

@@ -77,7 +77,13 @@ def call_note_hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
     return looprl.note_hint(f"Hint: call the calculate tool with the expression {expr}.")
 
 
-HINTS = {"call": first_call_hint, "note": call_note_hint}
+HINTS = {
+    "call": first_call_hint,
+    "note": call_note_hint,
+    "answer": looprl.answer_note(
+        "Hint: the answer is {answer}. End your reply with: The answer is {answer}."
+    ),
+}
 
 
 def answer_format(episode: looprl.EpisodeResult) -> float:
@@ -103,7 +109,9 @@ def load_environment(
     info and id columns); write answers as plain numbers (`1234`, `-5`, `2.5`). `digits`: the
     operand sizes of the generated tasks (`[1, 2, 3]` mixes three: levels for the curriculum).
     `hint_style`: the hint a training task may get under `[hints]`, the first call made for the
-    model (`call`, `first_call_hint`) or which call to make, in words (`note`, `call_note_hint`).
+    model (`call`, `first_call_hint`) or which call to make, in words (`note`, `call_note_hint`);
+    `answer` gives the answer itself, for `looprl bootstrap`'s rationalisation only (RL would
+    reward copying it).
     """
     sizes = operand_sizes(digits)  # a bad size fails here, before any task is drawn
     if hint_style not in HINTS:

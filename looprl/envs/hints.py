@@ -60,6 +60,21 @@ def tool_call_hint(name: str, arguments: dict[str, Any], result: str) -> Hint:
     )
 
 
+def answer_note(template: str) -> HintFunction:
+    """A hint function giving the task's own answer in a note, `template` formatted with
+    `answer=` (None for a task without one).
+
+    For STaR's rationalisation in `looprl bootstrap` (`bootstrap.rationalize`), where the note
+    is dropped from what the model is fine-tuned on. Never as an RL hint: copying the answer
+    would be rewarded.
+    """
+
+    def hint(task: Task, rng: random.Random) -> Hint | None:
+        return None if task.answer is None else note_hint(template.format(answer=task.answer))
+
+    return hint
+
+
 def with_hint(task: Task, hint: Hint) -> Task:
     """A copy of `task` whose prompt ends with the hint's messages and whose `info["hint"]`
     names its kind (the task itself is left as it was)."""

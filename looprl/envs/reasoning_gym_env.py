@@ -26,6 +26,7 @@ SYSTEM_PROMPT = (
     "Solve the problem. You may think first, then give only the final answer inside tags, "
     "like <answer>42</answer>. Follow any answer format the problem asks for."
 )
+ANSWER_HINT = "Hint: the answer is {answer}. End your reply with <answer>{answer}</answer>."
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 
 
@@ -109,12 +110,19 @@ def load_environment(
     max_tokens_per_turn: int = 256,
     max_context_tokens: int = 2048,
     system_prompt: str = SYSTEM_PROMPT,
+    hint_style: str | None = None,
     **dataset_kwargs: Any,
 ) -> looprl.SingleTurnEnv:
     """A reasoning-gym dataset as a single-turn environment (reward: the package's `score_answer`).
 
     Extra keyword arguments go to the dataset's config, e.g. `min_animals=2` for leg_counting.
+    `hint_style="answer"`: a training task's hint is its answer in a note (`ANSWER_HINT`), for
+    `looprl bootstrap`'s rationalisation only (RL would reward copying it); default none.
     """
+    if hint_style not in (None, "answer"):
+        raise ValueError(
+            f"reasoning_gym hint_style={hint_style!r}: choose 'answer' or leave it out"
+        )
     source = ReasoningGymTasks(dataset, size, seed, dataset_kwargs)
 
     def score(episode: looprl.EpisodeResult) -> float:
@@ -132,4 +140,5 @@ def load_environment(
             max_context_tokens=max_context_tokens,
         ),
         system_prompt=system_prompt,
+        hint=looprl.answer_note(ANSWER_HINT) if hint_style == "answer" else None,
     )

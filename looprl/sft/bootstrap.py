@@ -15,9 +15,16 @@ starting model is fine-tuned with `looprl.sft` on every success kept so far and 
 3. it kept no new success: nothing to fine-tune on (the message names the fixes);
 4. it is round `max_rounds`: it measures the model the round before trained.
 
+With `rationalize` (STaR's rationalisation), each task none of whose attempts succeeded is tried
+again `hinted_attempts` times with the environment's hint (`Environment.hint`, e.g. its answer
+in a note: `--env.kwargs.hint_style answer` on calculator and reasoning_gym). Its successes are
+kept with a note hint removed from the conversation, so the model is fine-tuned to write, unhinted,
+what it wrote with the hint (a hinted tool call stays, as the model's own turn). The round's
+pass rates and signal count the unhinted attempts only; `hinted` in its record counts these
+successes, which also keep a round from stopping for want of successes.
+
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
-kept successes stay in the data (a small model finds few per round). STaR adds rationalisation
-(hints from the answer), left to the environment. A teacher round samples a server's model
+kept successes stay in the data (a small model finds few per round). A teacher round samples a server's model
 (message level); its traces, like every trace here, are fine-tuned on as messages re-rendered by
 the model's own chat template, not as the sampler's token ids.
 
@@ -32,6 +39,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +49,7 @@ from typing import Any, Literal, Protocol
 from looprl.console import progress
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
+from looprl.envs.hints import with_hint
 from looprl.eval.run import EvalJob, run_eval, traces_from_episodes
 from looprl.files import iter_jsonl, write_text_atomically, writing
 from looprl.rendering.renderer import Renderer
@@ -53,7 +62,7 @@ from looprl.sft.successes import (
     round_stats,
     task_counts,
 )
-from looprl.types import EpisodeResult, SamplingParams
+from looprl.types import EpisodeResult, SamplingParams, Task
 
 Stop = Literal["handover", "stalled", "no_successes", "max_rounds"]
 RECORDS = "bootstrap.jsonl"
@@ -130,6 +139,8 @@ class RoundRecord:
     sample_seconds: float
     sft_seconds: float
     stop: Stop | None
+    hinted: int = 0
+    """Successes kept from hinted attempts (`rationalize`; not counted in `kept` or the stats)."""
 
     def to_row(self) -> dict[str, Any]:
         """The JSON row: the record's fields with the statistics inlined."""
@@ -182,15 +193,17 @@ def run_round(
     by: Literal["model", "teacher"] = "teacher" if n == 1 and job.teacher else "model"
     sampled = job.start_model if n == 1 else str(records[-1].model)
     sampler = job.teacher() if job.teacher and by == "teacher" else job.student.sampler(sampled)
-    episodes, sample_seconds, tokens = asyncio.run(sample_round(job, n, sampler))
+    episodes, hinted_episodes, sample_seconds, tokens = asyncio.run(sample_round(job, n, sampler))
     section = job.section
     stats = round_stats(task_counts(episodes, section.success_threshold), job.group_size)
     kept = keep_successes(episodes, section.success_threshold, section.max_per_task, seen)
-    new_rows = success_rows(job.env, kept, section.success_threshold)
+    unhinted = [without_note_hint(ep) for ep in hinted_episodes]
+    hinted = keep_successes(unhinted, section.success_threshold, section.max_per_task, seen)
+    new_rows = success_rows(job.env, kept + hinted, section.success_threshold)
     round_dir = job.output / f"round_{n}"
     write_rows(round_dir / "successes.jsonl", new_rows)
     rows += new_rows
-    stop = stop_reason(section, n, by, stats, len(kept), records)
+    stop = stop_reason(section, n, by, stats, len(kept) + len(hinted), records)
     steps, model, t1 = 0, None, time.perf_counter()
     if stop is None:
         steps = job.student.finetune(rows, round_dir / "model")
@@ -200,6 +213,7 @@ def run_round(
         kept=len(kept), kept_total=len(rows), sft_steps=steps, model=model, tokens=tokens,
         seconds=time.perf_counter() - t0, sample_seconds=sample_seconds,
         sft_seconds=time.perf_counter() - t1 if stop is None else 0.0, stop=stop,
+        hinted=len(hinted),
     )  # fmt: skip
 
 
@@ -212,42 +226,91 @@ def round_tasks(job: BootstrapJob, n: int) -> list[Any]:
 
 async def sample_round(
     job: BootstrapJob, n: int, sampler: Sampler
+) -> tuple[list[EpisodeResult], list[EpisodeResult], float, int]:
+    """Every attempt of round `n`, then (with `rationalize`) every hinted attempt at the tasks
+    none of them solved (kept ones of a killed run are reused), the seconds spent generating and
+    the tokens sampled; the engine is closed after."""
+    section = job.section
+    try:
+        tasks = round_tasks(job, n)
+        episodes, seconds, tokens = await sample_tasks(
+            job, n, sampler, tasks, "samples", section.attempts
+        )
+        hinted: list[EpisodeResult] = []
+        retry = hinted_tasks(job, n, tasks, episodes) if section.rationalize else []
+        if retry:
+            hinted, more_seconds, more_tokens = await sample_tasks(
+                job, n, sampler, retry, "hinted", section.hinted_attempts
+            )
+            seconds, tokens = seconds + more_seconds, tokens + more_tokens
+    finally:
+        await sampler.engine.close()
+    return episodes, hinted, seconds, tokens
+
+
+async def sample_tasks(
+    job: BootstrapJob, n: int, sampler: Sampler, tasks: list[Task], folder: str, attempts: int
 ) -> tuple[list[EpisodeResult], float, int]:
-    """Every attempt of round `n` (kept ones of a killed run are reused), the seconds spent
-    generating and the tokens sampled; the engine is closed after."""
+    """`attempts` samples of each of `tasks` into `round_n/folder` (resumable), the seconds
+    spent generating and the tokens sampled."""
     section = job.section
     sampling = SamplingParams(
         max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
         temperature=section.attempt_temperature, seed=job.seed + n,
     )  # fmt: skip
-    tasks = round_tasks(job, n)
     eval_job = EvalJob(
-        env=job.env, engine=sampler.engine, tasks=tasks, rollouts_per_task=section.attempts,
+        env=job.env, engine=sampler.engine, tasks=tasks, rollouts_per_task=attempts,
         renderer=sampler.renderer, config=RolloutConfig(sampling=sampling, seed=job.seed + n),
-        output=job.output / f"round_{n}" / "samples", resume=True,
-        metadata={"kind": "bootstrap", "round": n, "model": sampler.name},
+        output=job.output / f"round_{n}" / folder, resume=True,
+        metadata={"kind": "bootstrap", "round": n, "model": sampler.name, "hinted": folder != "samples"},
         pass_threshold=section.success_threshold,
     )  # fmt: skip
-    try:
-        with progress(f"round {n}", len(tasks) * section.attempts) as advance:
-            counts: dict[str, tuple[int, int]] = {}
+    label = f"round {n}" if folder == "samples" else f"round {n}, {folder}"
+    with progress(label, len(tasks) * attempts) as advance:
+        counts: dict[str, tuple[int, int]] = {}
 
-            def on_group(group: list[EpisodeResult]) -> None:
-                counts.update(task_counts(group, section.success_threshold))
-                stats = round_stats(counts, job.group_size)
-                advance(len(group), f"pass@1 {stats.pass_at_1:.3f} pass@{stats.k} "
-                        f"{stats.pass_at_k:.3f}, {stats.successes} successes")  # fmt: skip
+        def on_group(group: list[EpisodeResult]) -> None:
+            counts.update(task_counts(group, section.success_threshold))
+            stats = round_stats(counts, job.group_size)
+            advance(len(group), f"pass@1 {stats.pass_at_1:.3f} pass@{stats.k} "
+                    f"{stats.pass_at_k:.3f}, {stats.successes} successes")  # fmt: skip
 
-            eval_job.on_group = on_group
-            done = await run_eval(eval_job)
-    finally:
-        await sampler.engine.close()
+        eval_job.on_group = on_group
+        done = await run_eval(eval_job)
     if done.status == "failed":
         raise SamplingFailed(
             f"round {n}: sampling failed: {done.headline}; fix the cause and rerun with --resume "
             "(finished groups are kept)"
         )
     return done.episodes, done.seconds, int(done.summary["generated_tokens"])
+
+
+def hinted_tasks(
+    job: BootstrapJob, n: int, tasks: list[Task], episodes: list[EpisodeResult]
+) -> list[Task]:
+    """The round's tasks none of whose attempts succeeded, each with the environment's hint
+    (tasks it gives none are left out); the hints are drawn from a generator seeded by round."""
+    counts = task_counts(episodes, job.section.success_threshold)
+    rng = random.Random(f"bootstrap-hints-{job.seed}-{n}")
+    out = []
+    for task in tasks:
+        if counts.get(task.id, (0, 0))[1] > 0:
+            continue
+        hint = job.env.hint(task, rng)
+        if hint is not None:
+            out.append(with_hint(task, hint))
+    return out
+
+
+def without_note_hint(episode: EpisodeResult) -> EpisodeResult:
+    """The episode with its note hint (the prompt's last message) taken out of its messages;
+    other episodes (no hint, a hinted tool call) as they are."""
+    if episode.task.info.get("hint") != "note":
+        return episode
+    note = episode.task.prompt[-1]
+    kept = list(episode.messages)
+    kept.remove(note)
+    return dataclasses.replace(episode, messages=kept)
 
 
 def stop_reason(

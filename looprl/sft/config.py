@@ -66,6 +66,16 @@ class BootstrapSection(BaseModel):
         "1e-3)",
     )
     sft_batch_size: int = Field(16, ge=1, description="conversations per fine-tuning step")
+    rationalize: bool = Field(
+        False,
+        description="STaR's rationalisation: a task none of whose attempts succeeded is tried "
+        "again with the environment's hint (e.g. --env.kwargs.hint_style answer), and those "
+        "successes are fine-tuned on with a note hint left out (a hinted tool call stays, as "
+        "the model's own turn); pass rates count the unhinted attempts only",
+    )
+    hinted_attempts: int = Field(
+        4, ge=1, description="samples per failed task with its hint (bootstrap.rationalize)"
+    )
     teacher_base_url: str | None = Field(
         None,
         description="an OpenAI-compatible server (http://HOST:PORT/v1) that samples round 1 "
