@@ -226,7 +226,9 @@ def test_a_calculator_note_hint_names_the_call_and_leaves_it_to_the_model() -> N
     env = calculator(hint_style="note")
     task = hinted(env, env.get_tasks("train", 1)[0])
     assert task.prompt[-1].role == "user" and task.info["expression"] in task.prompt[-1].content
-    with pytest.raises(ValueError, match=r"hint_style='made': choose one of \['call', 'note'\]"):
+    with pytest.raises(
+        ValueError, match=r"hint_style='made': choose one of \['answer', 'call', 'note'\]"
+    ):
         calculator(hint_style="made")
 
 
