@@ -227,7 +227,7 @@ def test_rationalisation_trains_on_hinted_successes_without_the_hint(tmp_path: P
         return f"The answer is {answer[1] if answer else -1}."
 
     student = ScriptedStudent()
-    student.sampler = lambda model: Sampler(ScriptedEngine(hint_reader), None, model)  # type: ignore[method-assign]
+    student.sampler = lambda m: Sampler(ScriptedEngine(hint_reader), None, m)  # type: ignore[method-assign]
     boot = job(tmp_path, student, max_rounds=2, rationalize=True, hinted_attempts=2)
     boot.env = load_environment("calculator", digits=1, hint_style="answer")
     record = run_bootstrap(boot).records[0]
@@ -250,7 +250,7 @@ def test_a_hinted_tool_call_stays_as_the_models_own_turn(tmp_path: Path) -> None
         return f"The answer is {results[-1] if results else -1}."
 
     student = ScriptedStudent()
-    student.sampler = lambda model: Sampler(ScriptedEngine(result_reader), None, model)  # type: ignore[method-assign]
+    student.sampler = lambda m: Sampler(ScriptedEngine(result_reader), None, m)  # type: ignore[method-assign]
     boot = job(tmp_path, student, max_rounds=1, rationalize=True, hinted_attempts=1)
     record = run_bootstrap(boot).records[0]  # calculator's default hint: the call made for it
     assert record.kept == 0 and record.hinted == 12

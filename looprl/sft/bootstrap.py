@@ -18,15 +18,15 @@ starting model is fine-tuned with `looprl.sft` on every success kept so far and 
 With `rationalize` (STaR's rationalisation), each task none of whose attempts succeeded is tried
 again `hinted_attempts` times with the environment's hint (`Environment.hint`, e.g. its answer
 in a note: `--env.kwargs.hint_style answer` on calculator and reasoning_gym). Its successes are
-kept with a note hint removed from the conversation, so the model is fine-tuned to write, unhinted,
-what it wrote with the hint (a hinted tool call stays, as the model's own turn). The round's
-pass rates and signal count the unhinted attempts only; `hinted` in its record counts these
-successes, which also keep a round from stopping for want of successes.
+kept with a note hint removed from the conversation, so the model is fine-tuned to write,
+unhinted, what it wrote with the hint (a hinted tool call stays, as the model's own turn). The
+round's pass rates and signal count the unhinted attempts only; `hinted` in its record counts
+these successes, which also keep a round from stopping for want of successes.
 
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
-kept successes stay in the data (a small model finds few per round). A teacher round samples a server's model
-(message level); its traces, like every trace here, are fine-tuned on as messages re-rendered by
-the model's own chat template, not as the sampler's token ids.
+kept successes stay in the data (a small model finds few per round). A teacher round samples a
+server's model (message level); its traces, like every trace here, are fine-tuned on as messages
+re-rendered by the model's own chat template, not as the sampler's token ids.
 
 `DIR/bootstrap.jsonl` holds one row per finished round (`RoundRecord`); `DIR/round_n/` the
 round's samples (`samples/results.jsonl`), its successes as SFT JSONL (`successes.jsonl`) and
@@ -262,7 +262,8 @@ async def sample_tasks(
         env=job.env, engine=sampler.engine, tasks=tasks, rollouts_per_task=attempts,
         renderer=sampler.renderer, config=RolloutConfig(sampling=sampling, seed=job.seed + n),
         output=job.output / f"round_{n}" / folder, resume=True,
-        metadata={"kind": "bootstrap", "round": n, "model": sampler.name, "hinted": folder != "samples"},
+        metadata={"kind": "bootstrap", "round": n, "model": sampler.name,
+                  "hinted": folder != "samples"},
         pass_threshold=section.success_threshold,
     )  # fmt: skip
     label = f"round {n}" if folder == "samples" else f"round {n}, {folder}"
