@@ -230,7 +230,10 @@ def test_rationalisation_trains_on_hinted_successes_without_the_hint(tmp_path: P
     student.sampler = lambda m: Sampler(ScriptedEngine(hint_reader), None, m)  # type: ignore[method-assign]
     boot = job(tmp_path, student, max_rounds=2, rationalize=True, hinted_attempts=2)
     boot.env = load_environment("calculator", digits=1, hint_style="answer")
-    record = run_bootstrap(boot).records[0]
+    record, last = run_bootstrap(boot).records
+    # the last round fine-tunes nothing, so it tries no hinted attempt
+    assert last.stop is not None and last.hinted == 0
+    assert not (tmp_path / "boot" / "round_2" / "hinted").exists()
     # no unhinted attempt succeeds: the stats say so; every task is solved with its hint
     assert record.stats.successes == 0 and record.kept == 0 and record.hinted == 12
     assert record.stop is None and student.trained == [12]  # fine-tuned on the hinted ones
@@ -251,7 +254,7 @@ def test_a_hinted_tool_call_stays_as_the_models_own_turn(tmp_path: Path) -> None
 
     student = ScriptedStudent()
     student.sampler = lambda m: Sampler(ScriptedEngine(result_reader), None, m)  # type: ignore[method-assign]
-    boot = job(tmp_path, student, max_rounds=1, rationalize=True, hinted_attempts=1)
+    boot = job(tmp_path, student, max_rounds=2, rationalize=True, hinted_attempts=1)
     record = run_bootstrap(boot).records[0]  # calculator's default hint: the call made for it
     assert record.kept == 0 and record.hinted == 12
     row = rows_of(tmp_path / "boot" / "round_1" / "successes.jsonl")[0]

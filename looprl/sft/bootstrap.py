@@ -21,7 +21,8 @@ in a note: `--env.kwargs.hint_style answer` on calculator and reasoning_gym). It
 kept with a note hint removed from the conversation, so the model is fine-tuned to write,
 unhinted, what it wrote with the hint (a hinted tool call stays, as the model's own turn). The
 round's pass rates and signal count the unhinted attempts only; `hinted` in its record counts
-these successes, which also keep a round from stopping for want of successes.
+these successes, which also keep a round from stopping for want of successes. A round that
+stops anyway (hand-over, stall, last round) samples no hinted attempts.
 
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
 kept successes stay in the data (a small model finds few per round). A teacher round samples a
@@ -193,8 +194,17 @@ def run_round(
     by: Literal["model", "teacher"] = "teacher" if n == 1 and job.teacher else "model"
     sampled = job.start_model if n == 1 else str(records[-1].model)
     sampler = job.teacher() if job.teacher and by == "teacher" else job.student.sampler(sampled)
-    episodes, hinted_episodes, sample_seconds, tokens = asyncio.run(sample_round(job, n, sampler))
     section = job.section
+
+    def wants_hints(attempts: list[EpisodeResult]) -> bool:
+        """Rationalise only a round that will fine-tune: one that stops whatever it keeps (hand
+        over, stalled, last round) has no use for hinted successes."""
+        stats = round_stats(task_counts(attempts, section.success_threshold), job.group_size)
+        return section.rationalize and stop_reason(section, n, by, stats, 1, records) is None
+
+    episodes, hinted_episodes, sample_seconds, tokens = asyncio.run(
+        sample_round(job, n, sampler, wants_hints)
+    )
     stats = round_stats(task_counts(episodes, section.success_threshold), job.group_size)
     kept = keep_successes(episodes, section.success_threshold, section.max_per_task, seen)
     unhinted = [without_note_hint(ep) for ep in hinted_episodes]
@@ -225,11 +235,14 @@ def round_tasks(job: BootstrapJob, n: int) -> list[Any]:
 
 
 async def sample_round(
-    job: BootstrapJob, n: int, sampler: Sampler
+    job: BootstrapJob,
+    n: int,
+    sampler: Sampler,
+    wants_hints: Callable[[list[EpisodeResult]], bool] = lambda episodes: False,
 ) -> tuple[list[EpisodeResult], list[EpisodeResult], float, int]:
-    """Every attempt of round `n`, then (with `rationalize`) every hinted attempt at the tasks
-    none of them solved (kept ones of a killed run are reused), the seconds spent generating and
-    the tokens sampled; the engine is closed after."""
+    """Every attempt of round `n`, then, when `wants_hints(attempts)`, every hinted attempt at
+    the tasks none of them solved (kept ones of a killed run are reused), the seconds spent
+    generating and the tokens sampled; the engine is closed after."""
     section = job.section
     try:
         tasks = round_tasks(job, n)
@@ -237,7 +250,7 @@ async def sample_round(
             job, n, sampler, tasks, "samples", section.attempts
         )
         hinted: list[EpisodeResult] = []
-        retry = hinted_tasks(job, n, tasks, episodes) if section.rationalize else []
+        retry = hinted_tasks(job, n, tasks, episodes) if wants_hints(episodes) else []
         if retry:
             hinted, more_seconds, more_tokens = await sample_tasks(
                 job, n, sampler, retry, "hinted", section.hinted_attempts
