@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
+from looprl.envs.hints import with_hint
 from looprl.envs.python_math import correct, final_answer, generate_tasks, load_environment
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import run_group
+from looprl.sandbox.tool import format_result
 from looprl.types import EpisodeResult, Message, Task
 
 
@@ -82,3 +85,58 @@ async def test_session_episode_persists_variables_and_scores(tiny_tokenizer):
     assert tool_msgs[2].startswith("status: error") and "ZeroDivisionError" in tool_msgs[2]
     assert ep.rewards == {"correct": 1.0, "used_python": 1.0, "code_errors": 1.0} and not ep.errors
     assert "session_id" not in json.dumps(env.tool_schemas)
+
+
+async def test_call_hint_is_the_sandboxs_own_reply_to_the_tasks_code():
+    """The hinted call's reply is what the real sandbox prints for the task's code, on every
+    kind of generated problem, and the code's output is the task's answer."""
+    env = load_environment(session=False)
+    tasks = generate_tasks("train", 40, 3)
+    kinds = {t.prompt[0].content.split()[0:2][1] for t in tasks}
+    assert len(kinds) >= 5  # pen, remainder, sum of squares, fraction, team: the five templates
+    try:
+        for task in tasks:
+            hint = env.hint(task, random.Random(0))
+            assert hint is not None and hint.kind == "tool_call"
+            asked, reply = hint.messages
+            [call_] = asked.tool_calls
+            assert call_.name == "python"
+            ran = await env.sandbox.execute(call_.arguments["code"])
+            assert reply.content == format_result(ran), task.prompt[0].content
+            assert ran.stdout.strip() == task.answer
+    finally:
+        await env.sandbox.close()
+
+
+async def test_hinted_episode_credits_the_answer_not_the_call(tiny_tokenizer):
+    """A model that only boxes the hinted result is correct, but did not use python itself."""
+    env = load_environment()
+    task = env.get_tasks("train", 1, seed=0)[0]
+    hinted = with_hint(task, env.hint(task, random.Random(0)))
+
+    def script(req: GenerationRequest) -> str:
+        shown = [m for m in req.messages if m.role == "tool"][-1].content
+        return f"\\boxed{{{shown.split('stdout:')[1].strip()}}}"
+
+    try:
+        [ep] = await run_group(
+            env,
+            ScriptedEngine(script, tiny_tokenizer),
+            hinted,
+            1,
+            renderer=Renderer(tiny_tokenizer, env.tool_schemas),
+        )
+    finally:
+        await env.sandbox.close()
+    assert ep.rewards["correct"] == 1.0 and ep.rewards["used_python"] == 0.0
+
+
+def test_answer_hint_and_a_bad_hint_style():
+    task = generate_tasks("train", 1, 0)[0]
+    note = load_environment(hint_style="answer").hint(task, random.Random(0))
+    assert note is not None and note.kind == "note"
+    assert note.messages[0].content.endswith(f"\\boxed{{{task.answer}}}.")
+    with pytest.raises(ValueError, match="hint_style='teacher'.*'call' or 'answer'"):
+        load_environment(hint_style="teacher")
+    own = Task(id="mine", prompt=[Message(role="user", content="q")], answer="1")
+    assert load_environment().hint(own, random.Random(0)) is None  # no code: no call hint

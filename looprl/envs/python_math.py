@@ -20,31 +20,40 @@ from fractions import Fraction
 from typing import Any
 
 import looprl
+from looprl.sandbox.base import ExecResult
+from looprl.sandbox.tool import format_result
 
 SYSTEM_PROMPT = (
     "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
     "\\boxed{ANSWER}."
 )
 PYTHON_TOOLS = ("python", "python_session")
+ANSWER_HINT = "Hint: the answer is {answer}. End your reply with \\boxed{{{answer}}}."
 
 
-def _templates(rng: random.Random) -> tuple[str, Fraction]:
-    """One word problem and its exact answer."""
+def _templates(rng: random.Random) -> tuple[str, Fraction, str]:
+    """One word problem, its exact answer and Python code that prints the answer."""
     kind = rng.randrange(5)
     if kind == 0:
         price, n, paid = rng.randint(3, 49), rng.randint(11, 99), 5000
         return (
             f"A pen costs {price} cents. Ana buys {n} pens and pays with {paid} cents. How many cents of change does she get?",
             Fraction(paid - price * n),
+            f"print({paid} - {price} * {n})",
         )
     if kind == 1:
         a, b = rng.randint(120, 999), rng.randint(12, 99)
-        return (f"What is the remainder when {a}^3 is divided by {b}?", Fraction(a**3 % b))
+        return (
+            f"What is the remainder when {a}^3 is divided by {b}?",
+            Fraction(a**3 % b),
+            f"print({a} ** 3 % {b})",
+        )
     if kind == 2:
         n = rng.randint(20, 60)
         return (
             f"What is the sum of the squares of the integers from 1 to {n}?",
             Fraction(n * (n + 1) * (2 * n + 1) // 6),
+            f"print(sum(i * i for i in range(1, {n} + 1)))",
         )
     if kind == 3:
         a, b = rng.randint(2, 30), rng.randint(2, 30)
@@ -52,11 +61,16 @@ def _templates(rng: random.Random) -> tuple[str, Fraction]:
         return (
             f"Compute {a}/{b} + {c}/{d} as a reduced fraction.",
             Fraction(a, b) + Fraction(c, d),
+            f"from fractions import Fraction\nprint(Fraction({a}, {b}) + Fraction({c}, {d}))",
         )
     n, k = rng.randint(10, 30), rng.randint(2, 6)
     from math import comb
 
-    return (f"In how many ways can a team of {k} be chosen from {n} people?", Fraction(comb(n, k)))
+    return (
+        f"In how many ways can a team of {k} be chosen from {n} people?",
+        Fraction(comb(n, k)),
+        f"from math import comb\nprint(comb({n}, {k}))",
+    )
 
 
 def _fmt(value: Fraction) -> str:
@@ -71,7 +85,7 @@ def generate_tasks(split: str, n: int, seed: int) -> list[looprl.Task]:
     tasks: list[looprl.Task] = []
     seen: set[str] = set()
     while len(tasks) < n:
-        question, answer = _templates(rng)
+        question, answer, code = _templates(rng)
         if looprl.split_of(question) != split or question in seen:
             continue
         seen.add(question)
@@ -82,6 +96,7 @@ def generate_tasks(split: str, n: int, seed: int) -> list[looprl.Task]:
                 prompt=[looprl.Message(role="user", content=question)],
                 answer=_fmt(answer),
                 env="python_math",
+                info={"code": code},
             )
         )
     return tasks
@@ -110,11 +125,16 @@ def python_statuses(episode: looprl.EpisodeResult) -> list[str]:
 
     `ok`, `error`, `timeout`, `sandbox_error`...; "" for a call that failed before the sandbox
     ran it (a bad argument, the tool layer's timeout). Read from `episode.tool_outcomes`; an
-    episode recorded before outcomes were kept falls back to its tool messages' `status:` line.
+    episode recorded before outcomes were kept falls back to the `status:` line of the tool
+    messages after its prompt (a hinted call is part of the prompt: not the model's).
     """
     if episode.tool_outcomes:
         return [o.status for o in looprl.shown_outcomes(episode) if o.name in PYTHON_TOOLS]
-    texts = [m.content for m in episode.messages if m.role == "tool" and m.name in PYTHON_TOOLS]
+    texts = [
+        m.content
+        for m in looprl.model_messages(episode)
+        if m.role == "tool" and m.name in PYTHON_TOOLS
+    ]
     return [
         t.partition("\n")[0].removeprefix("status: ") if t.startswith("status: ") else ""
         for t in texts
@@ -171,6 +191,22 @@ def correct(episode: looprl.EpisodeResult) -> float:
     return float(bool(gold) and bool(pred) and verify(gold, pred))
 
 
+def first_call_hint(tool: str) -> looprl.HintFunction:
+    """The hint: a first call of `tool` already made for the model, running the task's code
+    (`info["code"]`, which prints the answer), with the sandbox's reply to it (the task's answer
+    printed). The model has only to read the result and box it. None for a task without code
+    (your own dataset's, unless its rows carry `info.code`)."""
+
+    def hint(task: looprl.Task, rng: random.Random) -> looprl.Hint | None:
+        code = task.info.get("code")
+        if not isinstance(code, str) or task.answer is None:
+            return None
+        reply = format_result(ExecResult("ok", stdout=f"{task.answer}\n"))
+        return looprl.tool_call_hint(tool, {"code": code}, reply)
+
+    return hint
+
+
 def used_python(episode: looprl.EpisodeResult) -> float:
     """1.0 when the episode ran code at least once (metric)."""
     return float(bool(python_statuses(episode)))
@@ -190,15 +226,23 @@ def load_environment(
     max_turns: int = 6,
     max_tokens_per_turn: int = 384,
     max_context_tokens: int = 4096,
+    hint_style: str = "call",
     **kwargs: Any,
 ) -> looprl.ToolEnv:
     """The python_math environment.
+
+    `hint_style`: the hint a training task may get under `[hints]` or in `looprl bootstrap`'s
+    rationalisation: `call`, the code that prints the answer already run for the model
+    (`first_call_hint`); `answer`, the answer in a note, for the bootstrap only (RL would reward
+    copying it).
 
     `dataset` (and `eval_dataset`): your own problems instead of the generated ones, a file or a
     saved `datasets` directory read by `looprl.train_eval_tasks` (default columns
     `question` or `prompt`, `answer`, `id`; `columns` maps others). Without `eval_dataset`, one
     problem in five of `dataset` (by a hash of its text) is held out for evaluation.
     """
+    if hint_style not in ("call", "answer"):
+        raise ValueError(f"python_math hint_style={hint_style!r}: choose 'call' or 'answer'")
     train, evals = looprl.train_eval_tasks(
         dataset, eval_dataset, env="python_math", columns=columns
     ) or (
@@ -231,6 +275,12 @@ def load_environment(
             max_context_tokens=max_context_tokens,
         ),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+        hint=kwargs.pop(
+            "hint",
+            first_call_hint("python_session" if session else "python")
+            if hint_style == "call"
+            else looprl.answer_note(ANSWER_HINT),
+        ),
         **kwargs,
     )
     env.sandbox = executor  # type: ignore[attr-defined]
