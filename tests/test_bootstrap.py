@@ -271,3 +271,52 @@ def test_rationalisation_with_no_hint_stops_for_want_of_successes(tmp_path: Path
     outcome = run_bootstrap(boot)
     assert outcome.stop == "no_successes" and outcome.records[0].hinted == 0
     assert not (tmp_path / "boot" / "round_1" / "hinted").exists() and student.trained == []
+
+
+def hinted_skill(student: ScriptedStudent) -> None:
+    """Make `student` solve nothing alone and, with the answer in a note, the questions whose
+    bucket is below its level (which fine-tuning raises by its gain)."""
+
+    def policy(level: int) -> Any:
+        def reply(request: GenerationRequest) -> str:
+            question = next(m.content for m in request.messages if m.role == "user")
+            notes = [m.content for m in request.messages if m.content.startswith("Hint: the ans")]
+            found = re.search(r"the answer is (-?[\d.]+)\.", notes[-1]) if notes else None
+            good = found is not None and bucket(question) < level
+            return f"The answer is {found[1] if good else 123456789}."  # never a 1-digit result
+
+        return reply
+
+    def sampler(model: str) -> Sampler:
+        student.sampled.append(model)
+        return Sampler(ScriptedEngine(policy(student.level(model))), None, model)
+
+    student.sampler = sampler  # type: ignore[method-assign]
+
+
+def test_a_rising_hinted_rate_keeps_rationalised_rounds_going(tmp_path: Path) -> None:
+    """pass@1 stays 0 (below the default min_gain), but each round finishes more hinted tasks:
+    that is progress; when the hinted rate stops rising the rounds stall."""
+    rising = ScriptedStudent(gain=1)
+    hinted_skill(rising)
+    boot = job(tmp_path / "rising", rising, rationalize=True, hinted_attempts=2)
+    boot.env = load_environment("calculator", digits=1, hint_style="answer")
+    records = run_bootstrap(boot).records
+    assert [r.stats.pass_at_1 for r in records] == [0.0, 0.0, 0.0]
+    assert [r.stop for r in records] == [None, None, "max_rounds"]
+    first, second = (r.hinted_rate for r in records[:2])
+    assert first is not None and second is not None and second > first + 0.01
+    # the last round's stop hangs on its hinted rate (pass@1 did not rise), so it samples them
+    assert [r.hinted_attempts for r in records] == [2 * 12, 2 * 12, 2 * 12]
+
+    flat = ScriptedStudent(gain=0)
+    hinted_skill(flat)
+    boot = job(tmp_path / "flat", flat, rationalize=True, hinted_attempts=2)
+    boot.env = load_environment("calculator", digits=1, hint_style="answer")
+    outcome = run_bootstrap(boot)
+    records = outcome.records
+    assert [r.stop for r in records] == [None, "stalled"]
+    first, second = (r.hinted_rate for r in records)
+    assert first is not None and second is not None and second < first + 0.01
+    # pass@1 ties at 0: the round with the better hinted rate is handed over (ties: the earlier)
+    assert outcome.handover_round == (2 if second > first else 1)

@@ -248,7 +248,8 @@ def print_round(record: Any) -> None:
 STOPS = {
     "handover": "{signal:.2f} of GRPO groups of {g} are expected to have reward variance "
     "(>= bootstrap.handover_signal {h}): RL has signal; handing over round {n}'s model",
-    "stalled": "round {last}'s pass@1 did not beat the best round's by bootstrap.min_gain {gain}; "
+    "stalled": "round {last}'s pass@1 did not beat the best round's by bootstrap.min_gain {gain} "
+    "(nor, when rationalising, its hinted success rate the best earlier round's); "
     "handing over the best round's model (round {n})",
     "max_rounds": "bootstrap.max_rounds {rounds} reached; handing over the best round's model "
     "(round {n}); raise max_rounds into a new --output to go further",
@@ -301,5 +302,11 @@ def print_report(outcome: Any, cfg: Any) -> None:
 
 
 def kept_cell(record: Any) -> str:
-    """Successes a round kept: `12`, or `12 + 5 hinted` with rationalisation."""
-    return f"{record.kept} + {record.hinted} hinted" if record.hinted else str(record.kept)
+    """Successes a round kept: `12`, or `12 + 5 hinted (6/40)` with rationalisation (the hinted
+    attempts that succeeded, of those sampled)."""
+    if not record.hinted_attempts:
+        return str(record.kept)
+    return (
+        f"{record.kept} + {record.hinted} hinted "
+        f"({record.hinted_successes}/{record.hinted_attempts})"
+    )

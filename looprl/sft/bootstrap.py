@@ -11,7 +11,8 @@ starting model is fine-tuned with `looprl.sft` on every success kept so far and 
 
 1. its GRPO signal (`looprl.sft.successes.signal_fraction` at the trainer's group size) reaches
    `handover_signal`: its model is handed over to `looprl train`;
-2. its pass@1 does not beat the best round's by `min_gain`: the best round's model is handed over;
+2. its pass@1 does not beat the best round's by `min_gain` (and, with `rationalize`, neither does
+   its hinted success rate beat the best earlier round's): the best round's model is handed over;
 3. it kept no new success: nothing to fine-tune on (the message names the fixes);
 4. it is round `max_rounds`: it measures the model the round before trained.
 
@@ -21,8 +22,10 @@ in a note: `--env.kwargs.hint_style answer` on calculator and reasoning_gym). It
 kept with a note hint removed from the conversation, so the model is fine-tuned to write,
 unhinted, what it wrote with the hint (a hinted tool call stays, as the model's own turn). The
 round's pass rates and signal count the unhinted attempts only; `hinted` in its record counts
-these successes, which also keep a round from stopping for want of successes. A round that
-stops anyway (hand-over, stall, last round) samples no hinted attempts.
+these successes, which also keep a round from stopping for want of successes. Near pass@1 = 0
+the hinted success rate is the measure of progress (the model learns to finish what a hint
+starts before it starts alone), so a rising one keeps the rounds going. A round that stops
+whatever its hinted attempts show (a hand-over; a last round whose pass@1 rose) samples none.
 
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
 kept successes stay in the data (a small model finds few per round). A teacher round samples a
@@ -142,6 +145,15 @@ class RoundRecord:
     stop: Stop | None
     hinted: int = 0
     """Successes kept from hinted attempts (`rationalize`; not counted in `kept` or the stats)."""
+    hinted_attempts: int = 0
+    """Hinted attempts sampled (`rationalize`)."""
+    hinted_successes: int = 0
+    """Hinted attempts that succeeded, before successes are deduplicated and capped."""
+
+    @property
+    def hinted_rate(self) -> float | None:
+        """The round's hinted success rate (None when it sampled no hinted attempt)."""
+        return self.hinted_successes / self.hinted_attempts if self.hinted_attempts else None
 
     def to_row(self) -> dict[str, Any]:
         """The JSON row: the record's fields with the statistics inlined."""
@@ -197,10 +209,12 @@ def run_round(
     section = job.section
 
     def wants_hints(attempts: list[EpisodeResult]) -> bool:
-        """Rationalise only a round that will fine-tune: one that stops whatever it keeps (hand
-        over, stalled, last round) has no use for hinted successes."""
+        """Rationalise a round that may fine-tune or whose stop depends on its hinted rate (a
+        stall, or not); not one that stops whatever they show (a hand-over)."""
         stats = round_stats(task_counts(attempts, section.success_threshold), job.group_size)
-        return section.rationalize and stop_reason(section, n, by, stats, 1, records) is None
+        best_case = stop_reason(section, n, by, stats, 1, records, hinted_rate=1.0)
+        worst_case = stop_reason(section, n, by, stats, 1, records, hinted_rate=None)
+        return section.rationalize and (best_case is None or best_case != worst_case)
 
     episodes, hinted_episodes, sample_seconds, tokens = asyncio.run(
         sample_round(job, n, sampler, wants_hints)
@@ -213,7 +227,10 @@ def run_round(
     round_dir = job.output / f"round_{n}"
     write_rows(round_dir / "successes.jsonl", new_rows)
     rows += new_rows
-    stop = stop_reason(section, n, by, stats, len(kept) + len(hinted), records)
+    hinted_counts = task_counts(hinted_episodes, section.success_threshold)
+    solved_hinted = sum(wins for _, wins in hinted_counts.values())
+    hinted_rate = solved_hinted / len(hinted_episodes) if hinted_episodes else None
+    stop = stop_reason(section, n, by, stats, len(kept) + len(hinted), records, hinted_rate)
     steps, model, t1 = 0, None, time.perf_counter()
     if stop is None:
         steps = job.student.finetune(rows, round_dir / "model")
@@ -223,7 +240,7 @@ def run_round(
         kept=len(kept), kept_total=len(rows), sft_steps=steps, model=model, tokens=tokens,
         seconds=time.perf_counter() - t0, sample_seconds=sample_seconds,
         sft_seconds=time.perf_counter() - t1 if stop is None else 0.0, stop=stop,
-        hinted=len(hinted),
+        hinted=len(hinted), hinted_attempts=len(hinted_episodes), hinted_successes=solved_hinted,
     )  # fmt: skip
 
 
@@ -334,10 +351,13 @@ def stop_reason(
     stats: RoundStats,
     kept: int,
     records: list[RoundRecord],
+    hinted_rate: float | None = None,
 ) -> Stop | None:
     """Why round `n` stops the bootstrap (module doc, in that order), or None to fine-tune.
 
-    A teacher round is not the model's own measure: only `no_successes` stops it.
+    `hinted_rate`: the round's hinted success rate (None: no hinted attempt); with
+    `rationalize`, one that beats the best earlier round's by `min_gain` is progress as a pass@1
+    that does is. A teacher round is not the model's own measure: only `no_successes` stops it.
     """
     if by == "teacher":
         return "no_successes" if kept == 0 else None
@@ -345,16 +365,29 @@ def stop_reason(
     if stats.signal >= section.handover_signal:
         return "handover"
     if best is not None and stats.pass_at_1 < best.stats.pass_at_1 + section.min_gain:
-        return "stalled"
+        if not (section.rationalize and hints_progressed(section, hinted_rate, records)):
+            return "stalled"
     if kept == 0:
         return "no_successes"
     return "max_rounds" if n >= section.max_rounds else None
 
 
+def hints_progressed(
+    section: BootstrapSection, hinted_rate: float | None, records: list[RoundRecord]
+) -> bool:
+    """Whether a round's hinted success rate beats every earlier round's by `min_gain` (an
+    earlier round with no hinted attempt counts as 0)."""
+    if hinted_rate is None:
+        return False
+    earlier = [r.hinted_rate or 0.0 for r in records if r.by == "model"]
+    return hinted_rate >= max(earlier, default=0.0) + section.min_gain
+
+
 def best_record(records: list[RoundRecord]) -> RoundRecord | None:
-    """The model-sampled round with the highest pass@1 (the earliest of equals), if any."""
+    """The model-sampled round with the highest pass@1, if any; of equals, the one with the
+    highest hinted success rate, then the earliest."""
     own = [r for r in records if r.by == "model"]
-    return max(own, key=lambda r: (r.stats.pass_at_1, -r.round)) if own else None
+    return max(own, key=lambda r: (r.stats.pass_at_1, r.hinted_rate or 0.0, -r.round), default=None)
 
 
 def outcome(job: BootstrapJob, records: list[RoundRecord]) -> BootstrapOutcome:
