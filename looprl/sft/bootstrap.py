@@ -364,9 +364,9 @@ def stop_reason(
     best = best_record(records)
     if stats.signal >= section.handover_signal:
         return "handover"
-    if best is not None and stats.pass_at_1 < best.stats.pass_at_1 + section.min_gain:
-        if not (section.rationalize and hints_progressed(section, hinted_rate, records)):
-            return "stalled"
+    rose = best is None or stats.pass_at_1 >= best.stats.pass_at_1 + section.min_gain
+    if not rose and not (section.rationalize and hints_progressed(section, hinted_rate, records)):
+        return "stalled"
     if kept == 0:
         return "no_successes"
     return "max_rounds" if n >= section.max_rounds else None
