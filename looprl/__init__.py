@@ -10,7 +10,7 @@ imports from here alone, as every bundled one in `looprl/envs/` does::
   `ParsedTurn` a `step` hook receives; `load_environment`, `available_environments`; the other
   party of a `ToolEnv(user=...)`: `ScriptedUser`, `ModelUser`, `SimulatedUser`; the help an
   environment may give a training task (`Hint`, `HintFunction`, `note_hint`,
-  `tool_call_hint`, `answer_note`);
+  `tool_call_hint`, `answer_note`, `then_note`);
 - tools: typed Python functions whose schema comes from the signature and docstring (`make_tool`,
   `tool_schema`), `Hidden` arguments filled from the episode's state, `ToolError` and
   `ToolReply` to fail a call or add a status; the sandboxed `python` tools (`make_python_tools`);
@@ -35,7 +35,14 @@ from looprl.envs.base import (
     TaskSource,
     ToolEnv,
 )
-from looprl.envs.hints import Hint, HintFunction, answer_note, note_hint, tool_call_hint
+from looprl.envs.hints import (
+    Hint,
+    HintFunction,
+    answer_note,
+    note_hint,
+    then_note,
+    tool_call_hint,
+)
 from looprl.envs.registry import available_environments, load_environment
 from looprl.envs.user import ModelUser, ScriptedUser, SimulatedUser
 from looprl.files import iter_jsonl
@@ -104,6 +111,7 @@ __all__ = [
     "new_session_id",
     "note_hint",
     "answer_note",
+    "then_note",
     "shown_outcomes",
     "split_of",
     "tool_call_hint",

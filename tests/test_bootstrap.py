@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
+import looprl
 from looprl.engines.base import GenerationRequest
 from looprl.engines.scripted import ScriptedEngine
 from looprl.envs.arithmetic import safe_eval
+from looprl.envs.calculator import first_call_hint
 from looprl.envs.registry import load_environment
 from looprl.sft.bootstrap import BootstrapJob, Sampler, read_records, run_bootstrap
 from looprl.sft.config import BootstrapSection
@@ -320,3 +322,25 @@ def test_a_rising_hinted_rate_keeps_rationalised_rounds_going(tmp_path: Path) ->
     assert first is not None and second is not None and second < first + 0.01
     # pass@1 ties at 0: the round with the better hinted rate is handed over (ties: the earlier)
     assert outcome.handover_round == (2 if second > first else 1)
+
+
+def test_a_call_then_a_note_keeps_the_call_and_drops_the_note(tmp_path: Path) -> None:
+    def result_reader(request: GenerationRequest) -> str:
+        """Answers with a tool result already in the conversation, when a note asks for it."""
+        results = [m.content for m in request.messages if m.role == "tool"]
+        asked = any(m.content.startswith("Hint: say") for m in request.messages)
+        return f"The answer is {results[-1] if results and asked else 123456789}."
+
+    student = ScriptedStudent()
+    student.sampler = lambda m: Sampler(ScriptedEngine(result_reader), None, m)  # type: ignore[method-assign]
+    boot = job(tmp_path, student, max_rounds=2, rationalize=True, hinted_attempts=1)
+    hint = looprl.then_note(first_call_hint, "Hint: say the answer is {answer}.")
+    boot.env = load_environment("calculator", digits=1, hint=hint)
+    record = run_bootstrap(boot).records[0]
+    assert record.kept == 0 and record.hinted == 12
+    hinted = rows_of(tmp_path / "boot" / "round_1" / "hinted" / "results.jsonl")
+    assert {r["task"]["info"]["hint"] for r in hinted} == {"tool_call+note"}
+    for row in rows_of(tmp_path / "boot" / "round_1" / "successes.jsonl"):
+        roles = [m["role"] for m in row["messages"]]
+        assert roles[-4:] == ["user", "assistant", "tool", "assistant"]
+        assert not any("Hint" in (m.get("content") or "") for m in row["messages"])

@@ -136,7 +136,16 @@ def test_answer_hint_and_a_bad_hint_style():
     note = load_environment(hint_style="answer").hint(task, random.Random(0))
     assert note is not None and note.kind == "note"
     assert note.messages[0].content.endswith(f"\\boxed{{{task.answer}}}.")
-    with pytest.raises(ValueError, match="hint_style='teacher'.*'call' or 'answer'"):
+    with pytest.raises(ValueError, match="hint_style='teacher'.*'answer', 'call', 'call_answer'"):
         load_environment(hint_style="teacher")
     own = Task(id="mine", prompt=[Message(role="user", content="q")], answer="1")
     assert load_environment().hint(own, random.Random(0)) is None  # no code: no call hint
+
+
+def test_call_answer_hint_is_the_call_then_a_note():
+    task = generate_tasks("train", 1, 0)[0]
+    hint = load_environment(hint_style="call_answer").hint(task, random.Random(0))
+    assert hint is not None and hint.kind == "tool_call+note"
+    call_, reply, note = hint.messages
+    assert call_.tool_calls[0].name == "python_session" and reply.role == "tool"
+    assert note.role == "user" and note.content.endswith(f"\\boxed{{{task.answer}}}.")

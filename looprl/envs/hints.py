@@ -7,7 +7,8 @@ them) and sit in `episode.messages` before the model's first turn:
 
 - `note_hint(text)`: a user message (wordle's possible words, a fact the question needs);
 - `tool_call_hint(name, arguments, result)`: a first tool call already made for the model, the
-  assistant message that asked for it and the tool's reply.
+  assistant message that asked for it and the tool's reply;
+- `then_note(hint, template)`: another hint followed by a note (for the bootstrap only).
 
 The rubric scores only what the model did itself: `looprl.kit.model_messages` skips the prompt,
 hint included, so `tool_calls`, `used_tool` and answers read from the final turn never credit a
@@ -58,6 +59,27 @@ def tool_call_hint(name: str, arguments: dict[str, Any], result: str) -> Hint:
         ),
         "tool_call",
     )
+
+
+def then_note(hint: HintFunction, template: str) -> HintFunction:
+    """A hint function giving `hint`'s messages followed by a note, `template` formatted with
+    the task's `answer=` (e.g. a call made for the model, then how to state its result); kind
+    `<kind>+note`. For `looprl bootstrap`'s rationalisation, which takes the trailing note out
+    of what the model is fine-tuned on (the call stays, as the model's own turn)."""
+
+    def hinted(task: Task, rng: random.Random) -> Hint | None:
+        first = hint(task, rng)
+        if first is None or task.answer is None:
+            return first
+        note = Message(role="user", content=template.format(answer=task.answer))
+        return Hint((*first.messages, note), f"{first.kind}+note")
+
+    return hinted
+
+
+def ends_with_note(task: Task) -> bool:
+    """Whether the task's prompt ends with a hint's note (kind `note` or `<kind>+note`)."""
+    return str(task.info.get("hint", "")).endswith("note")
 
 
 def answer_note(template: str) -> HintFunction:

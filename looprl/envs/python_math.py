@@ -29,6 +29,7 @@ SYSTEM_PROMPT = (
 )
 PYTHON_TOOLS = ("python", "python_session")
 ANSWER_HINT = "Hint: the answer is {answer}. End your reply with \\boxed{{{answer}}}."
+CALL_ANSWER_HINT = "Hint: the output above is the answer. End your reply with \\boxed{{{answer}}}."
 
 
 def _templates(rng: random.Random) -> tuple[str, Fraction, str]:
@@ -233,16 +234,22 @@ def load_environment(
 
     `hint_style`: the hint a training task may get under `[hints]` or in `looprl bootstrap`'s
     rationalisation: `call`, the code that prints the answer already run for the model
-    (`first_call_hint`); `answer`, the answer in a note, for the bootstrap only (RL would reward
-    copying it).
+    (`first_call_hint`); `answer`, the answer in a note, and `call_answer`, the call then a note
+    saying how to box its output, for the bootstrap's rationalisation only (it fine-tunes on the
+    reply without the note; RL would reward copying it).
 
     `dataset` (and `eval_dataset`): your own problems instead of the generated ones, a file or a
     saved `datasets` directory read by `looprl.train_eval_tasks` (default columns
     `question` or `prompt`, `answer`, `id`; `columns` maps others). Without `eval_dataset`, one
     problem in five of `dataset` (by a hash of its text) is held out for evaluation.
     """
-    if hint_style not in ("call", "answer"):
-        raise ValueError(f"python_math hint_style={hint_style!r}: choose 'call' or 'answer'")
+    hints = {
+        "call": first_call_hint("python_session" if session else "python"),
+        "answer": looprl.answer_note(ANSWER_HINT),
+    }
+    hints["call_answer"] = looprl.then_note(hints["call"], CALL_ANSWER_HINT)
+    if hint_style not in hints:
+        raise ValueError(f"python_math hint_style={hint_style!r}: choose one of {sorted(hints)}")
     train, evals = looprl.train_eval_tasks(
         dataset, eval_dataset, env="python_math", columns=columns
     ) or (
@@ -275,12 +282,7 @@ def load_environment(
             max_context_tokens=max_context_tokens,
         ),
         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
-        hint=kwargs.pop(
-            "hint",
-            first_call_hint("python_session" if session else "python")
-            if hint_style == "call"
-            else looprl.answer_note(ANSWER_HINT),
-        ),
+        hint=kwargs.pop("hint", hints[hint_style]),
         **kwargs,
     )
     env.sandbox = executor  # type: ignore[attr-defined]

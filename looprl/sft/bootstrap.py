@@ -53,7 +53,7 @@ from typing import Any, Literal, Protocol
 from looprl.console import progress
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
-from looprl.envs.hints import with_hint
+from looprl.envs.hints import ends_with_note, with_hint
 from looprl.eval.run import EvalJob, run_eval, traces_from_episodes
 from looprl.files import iter_jsonl, write_text_atomically, writing
 from looprl.rendering.renderer import Renderer
@@ -334,9 +334,9 @@ def hinted_tasks(
 
 
 def without_note_hint(episode: EpisodeResult) -> EpisodeResult:
-    """The episode with its note hint (the prompt's last message) taken out of its messages;
-    other episodes (no hint, a hinted tool call) as they are."""
-    if episode.task.info.get("hint") != "note":
+    """The episode with its hint's note (the prompt's last message) taken out of its messages;
+    other episodes (no hint, a hinted tool call alone) as they are."""
+    if not ends_with_note(episode.task):
         return episode
     note = episode.task.prompt[-1]
     kept = list(episode.messages)
