@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -118,6 +119,15 @@ def test_a_round_without_success_says_what_to_do(capsys: pytest.CaptureFixture[s
     out = " ".join(capsys.readouterr().out.split())
     assert "round 1 kept no new success (reward >= 1.0): nothing to fine-tune on" in out
     assert "raise bootstrap.attempts or bootstrap.attempt_temperature" in out and "0/32" in out
+    assert "rationalise with the environment's hint (bootstrap.rationalize)" in out
+
+    # rationalised already, and the hinted attempts failed too: the fix is a stronger hint
+    hinted = dataclasses.replace(record, hinted_attempts=128)
+    config = load_config(None, {"bootstrap.rationalize": True})
+    print_report(BootstrapOutcome([hinted], "no_successes", "tiny", 1), config)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "kept no new success (reward >= 1.0), nor any of its 128 hinted attempts" in out
+    assert "give a stronger hint" in out and "bootstrap.rationalize)" not in out
 
 
 def test_ctrl_c_says_how_to_resume(

@@ -253,10 +253,10 @@ STOPS = {
     "handing over the best round's model (round {n})",
     "max_rounds": "bootstrap.max_rounds {rounds} reached; handing over the best round's model "
     "(round {n}); raise max_rounds into a new --output to go further",
-    "no_successes": "round {last} kept no new success (reward >= {thr}): nothing to fine-tune "
-    "on — raise bootstrap.attempts or bootstrap.attempt_temperature, start from easier tasks (an easier "
-    "slice through --env.kwargs, or a curriculum), rationalise with the environment's hint "
-    "(bootstrap.rationalize), or let a stronger model sample round 1 (bootstrap.teacher_base_url)",
+    "no_successes": "round {last} kept no new success (reward >= {thr}){hinted}: nothing to "
+    "fine-tune on — raise bootstrap.attempts or bootstrap.attempt_temperature, start from easier "
+    "tasks (an easier slice through --env.kwargs, or a curriculum), {rationalise}, or let a "
+    "stronger model sample round 1 (bootstrap.teacher_base_url)",
 }
 """Why the bootstrap stopped, by `Stop`, each with what comes next."""
 
@@ -296,6 +296,11 @@ def print_report(outcome: Any, cfg: Any) -> None:
         signal=last.stats.signal, g=cfg.rollout.rollouts_per_task, h=b.handover_signal,
         n=outcome.handover_round, last=last.round, gain=b.min_gain, rounds=b.max_rounds,
         thr=b.success_threshold,
+        hinted=f", nor any of its {last.hinted_attempts} hinted attempts"
+        if last.hinted_attempts else "",
+        rationalise="give a stronger hint (more of the way, or the answer format in a note: "
+        "looprl.then_note)" if b.rationalize
+        else "rationalise with the environment's hint (bootstrap.rationalize)",
     )  # fmt: skip
     style = "yellow" if outcome.stop == "no_successes" else "bold"
     console.print(f"[{style}]stopped:[/] {text}", highlight=False, soft_wrap=True)
