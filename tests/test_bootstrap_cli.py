@@ -69,6 +69,25 @@ def test_the_train_command_keeps_the_config_and_drops_bootstrap_fields() -> None
     ]  # fmt: skip
 
 
+def test_a_resume_hands_over_with_the_config_the_bootstrap_started_with(tmp_path: Path) -> None:
+    from looprl.cli.bootstrap import with_invocation
+
+    first = argparse.Namespace(config="c.toml", env="python_math", resume=False)
+    typed = ["--env.kwargs.hint_style", "call_answer", "--bootstrap.max_rounds", "3"]
+    assert with_invocation(first, typed, tmp_path) == (first, typed)
+    # resumed with no --config: the recorded TOML and overrides come back, the new ones last
+    resumed = argparse.Namespace(config=None, env="python_math", resume=True)
+    args, dotted = with_invocation(resumed, ["--bootstrap.max_rounds", "5"], tmp_path)
+    assert args.config == "c.toml" and dotted == [*typed, "--bootstrap.max_rounds", "5"]
+    assert train_command(args, dotted, "runs/b/round_3/model") == [
+        "looprl", "train", "c.toml", "--env.name", "python_math", "--env.kwargs.hint_style",
+        "call_answer", "--model.name", "runs/b/round_3/model",
+    ]  # fmt: skip
+    # resumed with a --config of its own: what was typed stands
+    other = argparse.Namespace(config="d.toml", env="python_math", resume=True)
+    assert with_invocation(other, [], tmp_path) == (other, [])
+
+
 @pytest.mark.slow
 def test_tiny_model_bootstraps_resumes_and_hands_over(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

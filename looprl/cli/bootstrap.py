@@ -64,6 +64,7 @@ def run_bootstrap_command(args: argparse.Namespace, dotted: list[str]) -> int:
 
     cfg = bootstrap_config(args, dotted)
     job = bootstrap_job(cfg, args)
+    args, dotted = with_invocation(args, dotted, job.output)
     print_start(job)
     try:
         outcome = run_bootstrap(job)
@@ -86,6 +87,29 @@ def run_bootstrap_command(args: argparse.Namespace, dotted: list[str]) -> int:
     if args.then_train:
         return then_train(args.config, command)
     return 0
+
+
+INVOCATION = "invocation.json"
+
+
+def with_invocation(
+    args: argparse.Namespace, dotted: list[str], output: Path
+) -> tuple[argparse.Namespace, list[str]]:
+    """The TOML and overrides the bootstrap in `output` was started with, for the `looprl
+    train` command it hands over to: recorded there by a first run; a resume typed without
+    `--config` takes them back (its own overrides after, so they win)."""
+    path = output / INVOCATION
+    if not args.resume or not path.is_file():
+        record = {"config": args.config, "overrides": dotted}
+        write_text_atomically(path, json.dumps(record, indent=2))
+        return args, dotted
+    if args.config is not None:
+        return args, dotted
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return argparse.Namespace(**{**vars(args), "config": record["config"]}), [
+        *record["overrides"],
+        *dotted,
+    ]
 
 
 def then_train(config: str | None, command: list[str]) -> int:
