@@ -13,7 +13,8 @@ imports from here alone, as every bundled one in `looprl/envs/` does::
   `tool_call_hint`, `answer_note`, `then_note`);
 - tools: typed Python functions whose schema comes from the signature and docstring (`make_tool`,
   `tool_schema`), `Hidden` arguments filled from the episode's state, `ToolError` and
-  `ToolReply` to fail a call or add a status; the sandboxed `python` tools (`make_python_tools`);
+  `ToolReply` to fail a call or add a status; the sandboxed `python` tools (`make_python_tools`)
+  and the message one of their calls shows (`format_result` of an `ExecResult`);
 - rewards: `Rubric`, the kit (`final_answer_text`, `model_messages`, `tool_calls`, `used_tool`,
   `split_of`, ...), `JudgeRubric`;
 - data: `load_tasks`, `train_eval_tasks` (an environment's `dataset=` argument), `iter_jsonl`
@@ -62,7 +63,14 @@ from looprl.kit import (
 )
 from looprl.rendering.parser import ParsedTurn
 from looprl.rubrics import Rubric
-from looprl.sandbox import SESSION_KEY, make_executor, make_python_tools, new_session_id
+from looprl.sandbox import (
+    SESSION_KEY,
+    ExecResult,
+    format_result,
+    make_executor,
+    make_python_tools,
+    new_session_id,
+)
 from looprl.tools import ERROR_KINDS, Hidden, Tool, ToolError, ToolReply, make_tool, tool_schema
 from looprl.types import EpisodeResult, Message, Task, ToolCall, ToolOutcome
 
@@ -106,6 +114,8 @@ __all__ = [
     "load_tasks",
     "make_executor",
     "make_python_tools",
+    "ExecResult",
+    "format_result",
     "make_tool",
     "model_messages",
     "new_session_id",

@@ -20,8 +20,6 @@ from fractions import Fraction
 from typing import Any
 
 import looprl
-from looprl.sandbox.base import ExecResult
-from looprl.sandbox.tool import format_result
 
 SYSTEM_PROMPT = (
     "Solve the problem. Use the python tool to compute exactly, then give the final answer as "
@@ -202,7 +200,7 @@ def first_call_hint(tool: str) -> looprl.HintFunction:
         code = task.info.get("code")
         if not isinstance(code, str) or task.answer is None:
             return None
-        reply = format_result(ExecResult("ok", stdout=f"{task.answer}\n"))
+        reply = looprl.format_result(looprl.ExecResult("ok", stdout=f"{task.answer}\n"))
         return looprl.tool_call_hint(tool, {"code": code}, reply)
 
     return hint
