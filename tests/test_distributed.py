@@ -33,6 +33,10 @@ FAULT = str(HERE / "envs" / "dist_fault.py")
 # summation-order noise into a visible part of one step, at most the step itself (lr). So the bound
 # on the largest difference is one step, and the share of weights above 1e-6 is held at 1e-4
 WEIGHT_MAX_DIFF = 1e-3
+NOISY_SHARE = 1e-4
+# prefix trees on 2 ranks against each sample alone on one: another summation order again, and
+# 295 weights (1.2e-4) above 1e-6, by up to 3.3e-4, measured with transformers 5.25.0
+TREE_NOISY_SHARE = 2.5e-4
 # a resumed 2-process run against an uninterrupted one (DCP restores weights, AdamW moments,
 # scheduler and RNG exactly): measured, the final weights are identical and the metrics too in
 # two of three runs; in one a logged metric differed by 2.7e-8 (float32 summation-order noise)
@@ -93,7 +97,7 @@ def test_two_processes_train_to_the_single_process_weights(tmp_path):
           f"{int((diffs > 1e-6).sum())} of {diffs.numel()} above 1e-6; update {moved:.3g}")  # fmt: skip
     assert moved > 1e-3  # two real Adam steps (lr 1e-3), so the comparison means something
     assert float(diffs.max()) <= WEIGHT_MAX_DIFF
-    assert float((diffs > 1e-6).float().mean()) <= 1e-4
+    assert float((diffs > 1e-6).float().mean()) <= NOISY_SHARE
     rows_one, rows_two = _metrics(one), _metrics(two)
     assert [r["step"] for r in rows_two] == [1, 2]
     for r1, r2 in zip(rows_one, rows_two, strict=True):
@@ -120,7 +124,7 @@ def test_two_processes_on_prefix_trees_train_to_the_unshared_weights(tmp_path, l
     print(f"unshared 1 process vs prefix trees on 2: max {float(diffs.max()):.3g}, "
           f"{int((diffs > 1e-6).sum())} of {diffs.numel()} above 1e-6")  # fmt: skip
     assert float(diffs.max()) <= (LORA_MAX_DIFF if lora else WEIGHT_MAX_DIFF)
-    assert float((diffs > 1e-6).float().mean()) <= 1e-4
+    assert float((diffs > 1e-6).float().mean()) <= TREE_NOISY_SHARE
     for r1, r2 in zip(_metrics(one), _metrics(two), strict=True):
         assert r1["reward/mean"] == r2["reward/mean"] and r1["train/tokens"] == r2["train/tokens"]
         assert r2["loss/total"] == pytest.approx(r1["loss/total"], abs=1e-5)
