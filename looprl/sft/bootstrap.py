@@ -54,7 +54,7 @@ from looprl.console import progress
 from looprl.engines.base import Engine
 from looprl.envs.base import Environment
 from looprl.envs.hints import ends_with_note, with_hint
-from looprl.eval.run import EvalJob, run_eval, traces_from_episodes
+from looprl.eval.run import EvalJob, run_eval, solved, traces_from_episodes
 from looprl.files import iter_jsonl, write_text_atomically, writing
 from looprl.rendering.renderer import Renderer
 from looprl.rollout.loop import RolloutConfig
@@ -153,7 +153,7 @@ class RoundRecord:
     @property
     def hinted_rate(self) -> float | None:
         """The round's hinted success rate (None when it sampled no hinted attempt)."""
-        return self.hinted_successes / self.hinted_attempts if self.hinted_attempts else None
+        return rate(self.hinted_successes, self.hinted_attempts)
 
     def to_row(self) -> dict[str, Any]:
         """The JSON row: the record's fields with the statistics inlined."""
@@ -227,9 +227,8 @@ def run_round(
     round_dir = job.output / f"round_{n}"
     write_rows(round_dir / "successes.jsonl", new_rows)
     rows += new_rows
-    hinted_counts = task_counts(hinted_episodes, section.success_threshold)
-    solved_hinted = sum(wins for _, wins in hinted_counts.values())
-    hinted_rate = solved_hinted / len(hinted_episodes) if hinted_episodes else None
+    solved_hinted = sum(solved(ep, section.success_threshold) for ep in hinted_episodes)
+    hinted_rate = rate(solved_hinted, len(hinted_episodes))
     stop = stop_reason(section, n, by, stats, len(kept) + len(hinted), records, hinted_rate)
     steps, model, t1 = 0, None, time.perf_counter()
     if stop is None:
@@ -370,6 +369,11 @@ def stop_reason(
     if kept == 0:
         return "no_successes"
     return "max_rounds" if n >= section.max_rounds else None
+
+
+def rate(successes: int, attempts: int) -> float | None:
+    """Successes per attempt (None for no attempt)."""
+    return successes / attempts if attempts else None
 
 
 def hints_progressed(
