@@ -48,6 +48,13 @@ def test_engine_benchmark_quick():
     assert "tok/s" in out or "tokens/s" in out
 
 
+def test_engine_split_benchmark_quick():
+    """Two one-thread engine processes on half a batch each, against generate and one engine."""
+    out = _run("-m", "benchmarks.engine_split", "--quick")
+    row = next(line for line in out.splitlines() if line.startswith("smollm2-shape-small |"))
+    assert len(row.split(" | ")) == 7 and row.endswith("x"), out
+
+
 def test_decode_ab_benchmark_quick():
     args = ("--models", "smollm2-shape-small", "--batch-sizes", "2", "--rounds", "1")
     args += ("--variants", "unfused-1,fused-1,packed-1,fused+packed-1")
