@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,26 @@ def test_a_round_keeps_distinct_successes_capped_per_task(tmp_path: Path) -> Non
     assert len(set(texts)) == len(texts)
     assert record.kept == len(rows) and record.stats.successes == 6 * solved_tasks
     assert record.stop == "max_rounds" and record.model is None and student.trained == []
+
+
+def test_a_round_lets_go_of_its_sampler_before_fine_tuning(tmp_path: Path) -> None:
+    """The round's engine (and, for a local model, its KV cache of every attempt) is freed
+    before the fine-tune loads a second model."""
+
+    class ForgetfulStudent(ScriptedStudent):
+        def sampler(self, model: str) -> Sampler:
+            sampler = Sampler(ScriptedEngine(scripted_policy(self.level(model))), None, model)
+            self.last = weakref.ref(sampler.engine)
+            return sampler
+
+        def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+            gc.collect()
+            self.engine_alive = self.last() is not None
+            return super().finetune(rows, output)
+
+    student = ForgetfulStudent()
+    run_bootstrap(job(tmp_path, student, max_rounds=2, min_gain=0.0))
+    assert student.trained and student.engine_alive is False
 
 
 def test_rounds_stop_when_the_pass_rate_stalls(tmp_path: Path) -> None:

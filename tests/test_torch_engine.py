@@ -388,6 +388,18 @@ async def test_release_memory_when_idle(engine):
     assert len(again.token_ids) == 3
 
 
+async def test_shutdown_frees_the_caches(llama):
+    """A closed engine holds no KV or prefix cache: the bootstrap keeps a round's sampler
+    referenced while it fine-tunes, and its cache of 256 attempts took gigabytes."""
+    engine = TorchEngine(llama, TOKENIZER, max_batch_size=4, stop_token_ids=[], device="cpu")
+    p = prompts(1)[0]
+    await engine.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=3)))
+    assert engine.backend.k.numel() > 0 and engine._prefix is not None and engine._prefix.entries
+    await engine.close()
+    assert engine.backend.k.numel() == 0 and not engine._prefix.entries
+    engine.shutdown()  # twice is harmless
+
+
 async def test_prefix_shared_by_new_tasks_is_prefilled_once(llama, engine):
     system = torch.randint(2, VOCAB, (40,), generator=torch.Generator().manual_seed(5)).tolist()
     tasks = [system + tail for tail in prompts(3, seed=6)]  # one system prompt, three questions

@@ -246,11 +246,17 @@ class TorchEngine:
             return True
 
     def shutdown(self) -> None:
-        """Stop the worker thread; pending requests finish with an error. Blocking."""
+        """Stop the worker thread; pending requests finish with an error; free the KV cache,
+        the prefix cache and the weight copies (a closed engine generates nothing, and a caller
+        may keep it referenced while it trains). Blocking."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
+        with self.weights_lock:
+            self.backend.release()
+            if self._prefix is not None:
+                self._prefix.clear()
 
     async def close(self) -> None:
         """Stop the worker thread without blocking the event loop."""

@@ -219,6 +219,8 @@ def run_round(
     episodes, hinted_episodes, sample_seconds, tokens = asyncio.run(
         sample_round(job, n, sampler, wants_hints)
     )
+    sampler_name = sampler.name
+    del sampler  # its engine and model are not needed while fine-tuning: free them
     stats = round_stats(task_counts(episodes, section.success_threshold), job.group_size)
     kept = keep_successes(episodes, section.success_threshold, section.max_per_task, seen)
     unhinted = [without_note_hint(ep) for ep in hinted_episodes]
@@ -235,7 +237,7 @@ def run_round(
         steps = job.student.finetune(rows, round_dir / "model")
         model = str(round_dir / "model")
     return RoundRecord(
-        round=n, by=by, sampler=sampler.name, sampled_model=sampled, stats=stats,
+        round=n, by=by, sampler=sampler_name, sampled_model=sampled, stats=stats,
         kept=len(kept), kept_total=len(rows), sft_steps=steps, model=model, tokens=tokens,
         seconds=time.perf_counter() - t0, sample_seconds=sample_seconds,
         sft_seconds=time.perf_counter() - t1 if stop is None else 0.0, stop=stop,
