@@ -271,12 +271,12 @@ def print_round(record: Any) -> None:
 
 STOPS = {
     "handover": "{signal:.2f} of GRPO groups of {g} are expected to have reward variance "
-    "(>= bootstrap.handover_signal {h}): RL has signal; handing over round {n}'s model",
+    "(>= bootstrap.handover_signal {h}): RL has signal; handing over the model round {n} sampled",
     "stalled": "round {last}'s pass@1 did not beat the best round's by bootstrap.min_gain {gain} "
     "(nor, when rationalising, its hinted success rate the best earlier round's); "
-    "handing over the best round's model (round {n})",
-    "max_rounds": "bootstrap.max_rounds {rounds} reached; handing over the best round's model "
-    "(round {n}); raise max_rounds into a new --output to go further",
+    "handing over the model the best round sampled (round {n})",
+    "max_rounds": "bootstrap.max_rounds {rounds} reached; handing over the model the best round "
+    "sampled (round {n}); raise max_rounds into a new --output to go further",
     "no_successes": "round {last} kept no new success (reward >= {thr}){hinted}: nothing to "
     "fine-tune on — raise bootstrap.attempts or bootstrap.attempt_temperature, start from easier "
     "tasks (an easier slice through --env.kwargs, or a curriculum), {rationalise}, or let a "

@@ -46,7 +46,7 @@ class BootstrapSection(BaseModel):
         0.01,
         ge=0,
         description="stop when a round's pass@1 does not beat the best round's by this much; the "
-        "best round's model is handed over",
+        "model the best round sampled is handed over",
     )
     handover_signal: float = Field(
         0.3,
