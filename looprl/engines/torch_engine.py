@@ -246,17 +246,12 @@ class TorchEngine:
             return True
 
     def shutdown(self) -> None:
-        """Stop the worker thread; pending requests finish with an error; free the KV cache,
-        the prefix cache and the weight copies (a closed engine generates nothing, and a caller
-        may keep it referenced while it trains). Blocking."""
+        """Stop the worker (pending requests get an error) and free the caches. Blocking."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
-        with self.weights_lock:
-            self.backend.release()
-            if self._prefix is not None:
-                self._prefix.clear()
+        self.release_memory()  # nothing is active once the worker has ended
 
     async def close(self) -> None:
         """Stop the worker thread without blocking the event loop."""
