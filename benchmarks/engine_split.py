@@ -20,7 +20,6 @@ import multiprocessing as mp
 import statistics
 import time
 from multiprocessing.connection import Connection
-from typing import Any
 
 import torch
 
@@ -31,6 +30,7 @@ from benchmarks.engine import (
     make_workload,
     run_engine,
     run_hf,
+    timed,
 )
 
 
@@ -94,15 +94,9 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> dict[str, list[flo
     engine = bench_engine(model, tokenizer, work)
     workers = Workers(name, work, args.workers)
     samples: dict[str, list[float]] = {"generate": [], "engine": [], "split": []}
-
-    def timed_tokens(fn: Any) -> float:
-        start = time.perf_counter()
-        tokens = fn()
-        return tokens / (time.perf_counter() - start)
-
     sides = {
-        "generate": lambda: timed_tokens(lambda: run_hf(model, work)),
-        "engine": lambda: timed_tokens(lambda: run_engine(engine, work)),
+        "generate": lambda: timed(lambda: run_hf(model, work), time.perf_counter),
+        "engine": lambda: timed(lambda: run_engine(engine, work), time.perf_counter),
         "split": workers.run,
     }
     try:
