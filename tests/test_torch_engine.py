@@ -389,8 +389,8 @@ async def test_release_memory_when_idle(engine):
 
 
 async def test_shutdown_frees_the_caches(llama):
-    """A closed engine holds no KV or prefix cache: the bootstrap keeps a round's sampler
-    referenced while it fine-tunes, and its cache of 256 attempts took gigabytes."""
+    """A closed engine holds no KV or prefix cache, even while its caller keeps it referenced
+    (a bootstrap round's cache of 256 attempts takes gigabytes)."""
     engine = TorchEngine(llama, TOKENIZER, max_batch_size=4, stop_token_ids=[], device="cpu")
     p = prompts(1)[0]
     await engine.generate(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=3)))
