@@ -47,6 +47,10 @@ accuracy reaches --target (evaluation and saving excluded).
 
     .venv/bin/python benchmarks/vs_trl.py            # 8 steps x 4x4, 3 runs each, both tasks (~25 min, 2 busy cores)
     .venv/bin/python benchmarks/vs_trl.py --quick    # 2 steps x 2x2, 1 run each: plumbing only (~4 min)
+
+`--looprl-ref REF` runs looprl's side on a git ref's code (exported with `git archive`, run as
+that code's own `benchmarks/vs_trl.py _looprl`) against the same TRL runs: how the ratios moved
+since REF, on the same machine in the same hour.
 """
 
 from __future__ import annotations
@@ -233,13 +237,18 @@ def make_spec(task: str, args: argparse.Namespace, save_dir: Path) -> dict[str, 
     }  # fmt: skip
 
 
-def run_json(cmd: list[str], spec: dict[str, Any], tmp: Path, what: str) -> dict[str, Any]:
-    """Run `cmd SPEC OUT` in a fresh process and return OUT's JSON (exit with its output on failure)."""
+def run_json(
+    cmd: list[str], spec: dict[str, Any], tmp: Path, what: str, code: Path = ROOT
+) -> dict[str, Any]:
+    """Run `cmd SPEC OUT` in a fresh process on the looprl in `code` and return OUT's JSON.
+
+    Exits with the process's output when it fails.
+    """
     spec_path, out_path = tmp / f"{what}.spec.json", tmp / f"{what}.out.json"
     spec_path.write_text(json.dumps(spec))
     done = subprocess.run(
-        [*cmd, str(spec_path), str(out_path)], cwd=ROOT, capture_output=True, text=True,
-        env={**_env(), "PYTHONPATH": str(ROOT)},
+        [*cmd, str(spec_path), str(out_path)], cwd=code, capture_output=True, text=True,
+        env={**_env(), "PYTHONPATH": str(code)},
     )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(
@@ -260,15 +269,16 @@ def _env() -> dict[str, str]:
 
 
 def run_side(
-    side: str, spec: dict[str, Any], trl_python: Path, tmp: Path, tag: str
+    side: str, spec: dict[str, Any], trl_python: Path, tmp: Path, tag: str, code: Path = ROOT
 ) -> dict[str, Any]:
-    """One training run of one framework in a fresh process."""
+    """One training run of one framework in a fresh process (looprl's from the tree at `code`)."""
     save = tmp / tag
     save.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "save_dir": str(save)}
     t0 = time.perf_counter()
     if side == "looprl":
-        out = run_json([sys.executable, str(Path(__file__).resolve()), "_looprl"], spec, tmp, tag)
+        script = str(code / "benchmarks" / "vs_trl.py")
+        out = run_json([sys.executable, script, "_looprl"], spec, tmp, tag, code)
     else:
         out = run_json([str(trl_python), str(WORKER), "train"], spec, tmp, tag)
         every = spec["save_every"]
@@ -427,6 +437,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2 steps of 2x2, 1 run each (smoke test)")
+    p.add_argument(
+        "--looprl-ref", default=None, metavar="REF",
+        help="run looprl's side on this git ref's code (git archive) instead of the working tree",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.eval_every < 1 or args.repeats < 1:
         p.error("--eval-every and --repeats must be >= 1")
@@ -457,13 +471,20 @@ def main() -> None:
     print(f"TRL venv: {versions}; roof {args.roof:.0f} GFLOP/s fp32, {args.threads} threads")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        code = ROOT
+        if args.looprl_ref:
+            from benchmarks.compare_ref import export_ref
+
+            code = export_ref(args.looprl_ref, tmp)
+            print(f"looprl side: the code of {args.looprl_ref} (git archive), not the working tree")
         for task in args.tasks:
             spec = make_spec(task, args, tmp)
             runs: dict[str, list[dict]] = {side: [] for side in SIDES}
             for r in range(args.repeats):
                 order = SIDES if r % 2 == 0 else SIDES[::-1]
                 for side in order:
-                    runs[side].append(run_side(side, spec, python, tmp, f"{task}-{side}-{r}"))
+                    tag = f"{task}-{side}-{r}"
+                    runs[side].append(run_side(side, spec, python, tmp, tag, code))
             same = runs["looprl"][0]["prompt_ids"] == runs["trl"][0]["prompt_ids"]
             trl0 = runs["trl"][0]
             print(
