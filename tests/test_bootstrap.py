@@ -156,6 +156,23 @@ def test_a_round_lets_go_of_its_sampler_before_fine_tuning(tmp_path: Path) -> No
     assert student.trained and student.engine_alive is False
 
 
+def test_a_round_hands_freed_memory_back_after_sampling_and_after_fine_tuning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """glibc keeps freed tensors' pages (looprl/engines/heap.py): each phase's are returned
+    before the next phase allocates its own."""
+    events: list[str] = []
+    monkeypatch.setattr("looprl.sft.bootstrap.return_free_memory", lambda: events.append("trim"))
+
+    class LoggingStudent(ScriptedStudent):
+        def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+            events.append("finetune")
+            return super().finetune(rows, output)
+
+    run_bootstrap(job(tmp_path, LoggingStudent(), max_rounds=2, min_gain=0.0))
+    assert events == ["trim", "finetune", "trim", "trim"]  # round 2 samples, then stops
+
+
 def test_rounds_stop_when_the_pass_rate_stalls(tmp_path: Path) -> None:
     student = ScriptedStudent(gain=0)  # fine-tuning teaches nothing: the rate moves by chance
     outcome = run_bootstrap(job(tmp_path, student, min_gain=0.5))

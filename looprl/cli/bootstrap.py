@@ -113,8 +113,15 @@ def with_invocation(
 
 
 def then_train(config: str | None, command: list[str]) -> int:
-    """Run `command` (`train_command`'s words) as `looprl train` runs it, in this process."""
+    """Run `command` (`train_command`'s words) as `looprl train` runs it, in this process, with
+    the memory the bootstrap freed handed back to the OS first."""
+    import gc
+
     from looprl.cli.train import run_train_command
+    from looprl.engines.heap import return_free_memory
+
+    gc.collect()
+    return_free_memory()
 
     train = argparse.Namespace(
         config=config, resume=False, force=False, run_dir=None, nproc=1, argv=command[1:]

@@ -52,6 +52,7 @@ from typing import Any, Literal, Protocol
 
 from looprl.console import progress
 from looprl.engines.base import Engine
+from looprl.engines.heap import return_free_memory
 from looprl.envs.base import Environment
 from looprl.envs.hints import ends_with_note, with_hint
 from looprl.eval.run import EvalJob, run_eval, solved, traces_from_episodes
@@ -221,6 +222,7 @@ def run_round(
     )
     sampler_name = sampler.name
     del sampler  # its engine and model are not needed while fine-tuning: free them
+    return_free_memory()
     stats = round_stats(task_counts(episodes, section.success_threshold), job.group_size)
     kept = keep_successes(episodes, section.success_threshold, section.max_per_task, seen)
     unhinted = [without_note_hint(ep) for ep in hinted_episodes]
@@ -236,6 +238,7 @@ def run_round(
     if stop is None:
         steps = job.student.finetune(rows, round_dir / "model")
         model = str(round_dir / "model")
+        return_free_memory()  # the fine-tune's model and optimizer, before the next round samples
     return RoundRecord(
         round=n, by=by, sampler=sampler_name, sampled_model=sampled, stats=stats,
         kept=len(kept), kept_total=len(rows), sft_steps=steps, model=model, tokens=tokens,
