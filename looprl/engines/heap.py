@@ -1,4 +1,4 @@
-"""Hand freed memory back to the OS: glibc keeps the pages of freed tensors once its mmap threshold has risen.
+"""Hand freed memory back to the OS (glibc keeps freed tensors' pages once its mmap threshold rises).
 
 glibc serves an allocation above its mmap threshold (128 KiB at start) with a fresh mapping that
 `free` unmaps. Freeing such a block raises the threshold to its size (up to 32 MiB), so from then
