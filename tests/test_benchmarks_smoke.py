@@ -113,3 +113,8 @@ def test_measured_hack_quick(tmp_path):
     assert "probe number_anywhere: exploitable = [" in out  # flagged before training
     assert "probe number_final: exploitable = none" in out
     assert "| number_anywhere | 1-25 |" in out and (tmp_path / "measured_hack.png").stat().st_size
+
+
+def test_heap_retention_quick():
+    out = _run("-m", "benchmarks.heap_retention", "--blocks", "40")
+    assert "freed:" in out and "returned:" in out
