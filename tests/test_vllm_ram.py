@@ -182,6 +182,40 @@ def test_the_shim_removes_a_sigkilled_trainers_ram(fake_vllm, tmp_path) -> None:
     assert start_ticks(made["shim"]) is None  # the server went with its trainer
 
 
+THREAD_TRAINER = """
+    import json, sys, threading, time
+    from pathlib import Path
+    from looprl.engines.ram_dirs import ram_dir
+    from looprl.engines.vllm_server import VLLMServer
+    dirs = [ram_dir("weights", root=Path(sys.argv[2]))]
+    server = VLLMServer(sys.argv[1], startup_timeout=60, remove_if_orphaned=tuple(dirs))
+    starter = threading.Thread(target=server.start)  # as a restart from a worker thread does
+    starter.start()
+    starter.join()
+    time.sleep(1.0)  # the shim has had its parent-death signal for the ended thread
+    print(json.dumps({"dirs": [str(d) for d in dirs], "shim": server.process.pid,
+                      "healthy": server.healthy()}), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_server_started_from_a_thread_that_ends_lives_on_until_its_trainer_dies(
+    fake_vllm, tmp_path
+) -> None:
+    """The kernel's parent-death signal comes when the starting thread ends, not the process:
+    the shim tells the two apart by its parent's process id and keeps serving."""
+    ram = tmp_path / "ram"
+    ram.mkdir()
+    trainer, line = _spawn(THREAD_TRAINER, str(fake_vllm), str(ram), env=dict(os.environ))
+    made = json.loads(line)
+    assert made["healthy"] and start_ticks(made["shim"]) is not None
+    _kill9(trainer)
+    deadline = time.monotonic() + 20
+    while Path(made["dirs"][0]).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(made["dirs"][0]).exists()
+
+
 def test_a_clean_stop_removes_the_log_and_keeps_the_live_owners_ram(fake_vllm, tmp_path) -> None:
     from looprl.engines.vllm_server import VLLMServer
 

@@ -2,14 +2,17 @@
 
     python vllm_shim.py [--remove-if-orphaned PATH]... -- python -m vllm.entrypoints.openai.api_server ARGS...
 
-The shim asks the kernel for SIGTERM when its parent (the trainer) dies, for any reason
-including SIGKILL (`PR_SET_PDEATHSIG`), and runs vLLM in its own process group, which vLLM's
-engine and worker processes inherit. On that signal, or on SIGTERM/SIGINT from `VLLMServer.stop`,
-it kills the whole group. When the parent has died (its parent is no longer the one that started
-it), it first removes each `--remove-if-orphaned` path: the trainer's model export and weights in
-RAM, and the server log of a server that never failed. It runs under the vLLM venv's python and
-imports nothing from looprl. `die_with_parent` is also how `looprl train --nproc N` ties torchrun
-to the launcher and each rank to torchrun (`looprl.cli.torchrun`).
+The shim runs vLLM in its own process group, which vLLM's engine and worker processes inherit,
+and kills the whole group on SIGTERM/SIGINT from `VLLMServer.stop` or when its parent (the
+trainer) dies for any reason including SIGKILL. It tells that death by its own parent process
+id changing, checked on the kernel's parent-death signal (SIGUSR1) and every `POLL_S`: the
+signal alone does not tell, since it comes when the thread that started the shim ends, and a
+SIGKILLed trainer's threads end one by one, so the shim may still be the child of the dying
+trainer's last thread then. Once orphaned it first removes each `--remove-if-orphaned` path:
+the trainer's model export and weights in RAM, and the server log of a server that never
+failed. It runs under the vLLM venv's python and imports nothing from looprl. `die_with_parent`
+is also how `looprl train --nproc N` ties torchrun to the launcher and each rank to torchrun
+(`looprl.cli.torchrun`).
 """
 
 import contextlib
@@ -22,6 +25,7 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 REMOVE = "--remove-if-orphaned"
+POLL_S = 0.2  # how often the shim checks that its parent still lives
 
 
 def orphan_paths(args: list[str]) -> list[str]:
@@ -57,22 +61,30 @@ def main() -> int:
     """Start the command after `--` and wait for it; kill its whole group when told or orphaned."""
     parent = os.getppid()
     paths = orphan_paths(sys.argv)
-    if not die_with_parent(signal.SIGTERM, parent):  # the parent died before the request
-        for path in paths:
-            remove(path)
-        return 1
-    cmd = sys.argv[sys.argv.index("--") + 1 :]
-    child = subprocess.Popen(cmd)
 
-    def kill_group(signum: int, frame: object) -> None:
+    def kill_group(signum: int = 0, frame: object = None) -> None:
         if os.getppid() != parent:  # the trainer died: nobody else will remove its files
             for path in paths:
                 remove(path)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # vLLM's processes and this shim
 
+    def kill_group_if_orphaned(signum: int = 0, frame: object = None) -> None:
+        if os.getppid() != parent:
+            kill_group()
+
     signal.signal(signal.SIGTERM, kill_group)
     signal.signal(signal.SIGINT, kill_group)
-    return child.wait()
+    signal.signal(signal.SIGUSR1, kill_group_if_orphaned)
+    if not die_with_parent(signal.SIGUSR1, parent):  # the parent died before the request
+        for path in paths:
+            remove(path)
+        return 1
+    child = subprocess.Popen(sys.argv[sys.argv.index("--") + 1 :])
+    while True:
+        try:
+            return child.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            kill_group_if_orphaned()
 
 
 if __name__ == "__main__":
