@@ -88,6 +88,7 @@ class ScriptedStudent:
         self.sampled: list[str] = []
         self.engines: list[ScriptedEngine] = []
         self.trained: list[int] = []
+        self.bases: list[str] = []
 
     def level(self, model: str) -> int:
         return 1 if model == "start" else json.loads(Path(model, "level.json").read_text())
@@ -98,10 +99,11 @@ class ScriptedStudent:
         self.engines.append(engine)
         return Sampler(engine, None, model)
 
-    def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+    def finetune(self, base: str, rows: list[dict[str, Any]], output: Path) -> int:
         if self.fail_on is not None and len(self.trained) + 1 == self.fail_on:
             raise KeyboardInterrupt
         self.trained.append(len(rows))
+        self.bases.append(base)
         source = self.sampled[-1] if self.sampled else "start"  # after a teacher round
         output.mkdir(parents=True)
         (output / "level.json").write_text(json.dumps(self.level(source) + self.gain))
@@ -146,10 +148,10 @@ def test_a_round_lets_go_of_its_sampler_before_fine_tuning(tmp_path: Path) -> No
             self.last = weakref.ref(sampler.engine)
             return sampler
 
-        def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+        def finetune(self, base: str, rows: list[dict[str, Any]], output: Path) -> int:
             gc.collect()
             self.engine_alive = self.last() is not None
-            return super().finetune(rows, output)
+            return super().finetune(base, rows, output)
 
     student = ForgetfulStudent()
     run_bootstrap(job(tmp_path, student, max_rounds=2, min_gain=0.0))
@@ -165,9 +167,9 @@ def test_a_round_hands_freed_memory_back_after_sampling_and_after_fine_tuning(
     monkeypatch.setattr("looprl.sft.bootstrap.return_free_memory", lambda: events.append("trim"))
 
     class LoggingStudent(ScriptedStudent):
-        def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
+        def finetune(self, base: str, rows: list[dict[str, Any]], output: Path) -> int:
             events.append("finetune")
-            return super().finetune(rows, output)
+            return super().finetune(base, rows, output)
 
     run_bootstrap(job(tmp_path, LoggingStudent(), max_rounds=2, min_gain=0.0))
     assert events == ["trim", "finetune", "trim", "trim"]  # round 2 samples, then stops
@@ -192,8 +194,20 @@ def test_rounds_go_on_while_the_pass_rate_rises(tmp_path: Path) -> None:
     assert [r.stop for r in outcome.records] == [None, None, "max_rounds"]
     # each round trains on every success kept so far, from the starting model
     assert student.trained == [outcome.records[0].kept_total, outcome.records[1].kept_total]
+    assert student.bases == ["start", "start"]
     assert outcome.handover_model == str(tmp_path / "boot" / "round_2" / "model")
     assert student.sampled == ["start", outcome.records[0].model, outcome.records[1].model]
+
+
+def test_sft_from_previous_trains_the_last_rounds_model_on_the_new_successes_only(
+    tmp_path: Path,
+) -> None:
+    student = ScriptedStudent(gain=1)
+    outcome = run_bootstrap(job(tmp_path, student, sft_from="previous"))
+    first, second, _ = outcome.records
+    assert student.bases == ["start", str(tmp_path / "boot" / "round_1" / "model")]
+    assert student.trained == [first.kept, second.kept] and second.kept < second.kept_total
+    assert rows_of(tmp_path / "boot" / "round_2" / "successes.jsonl") and second.kept > 0
 
 
 def test_hand_over_once_groups_have_signal(tmp_path: Path) -> None:

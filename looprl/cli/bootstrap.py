@@ -159,7 +159,7 @@ def bootstrap_job(cfg: Any, args: argparse.Namespace) -> Any:
         check_teacher(section)
     output = output_dir(args, cfg)
     student = ModelStudent(
-        cfg.model.name, section, cfg.engine, parser=cfg.model.parser,
+        section, cfg.engine, parser=cfg.model.parser,
         chat_template=cfg.model.chat_template, keep_reasoning=cfg.model.keep_reasoning,
         seed=cfg.trainer.seed, max_model_len=env.limits.max_context_tokens,
         concurrency=cfg.rollout.max_concurrent_groups, log=sft_log,

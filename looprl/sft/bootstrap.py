@@ -6,8 +6,8 @@ Round n samples `attempts` per task over a new slice of `tasks` training tasks w
 round n-1 trained (round 1: the starting model, or a teacher server), through `run_eval` (so a
 killed round resumes without repeating finished groups). The rubric decides success; identical
 completions are kept once and at most `max_per_task` per task. Unless the round stops, the
-starting model is fine-tuned with `looprl.sft` on every success kept so far and saved as
-`round_n/model`. A round stops the bootstrap when:
+starting model is fine-tuned with `looprl.sft` on every success kept so far (`sft_from =
+"start"`) and saved as `round_n/model`. A round stops the bootstrap when:
 
 1. its GRPO signal (`looprl.sft.successes.signal_fraction` at the trainer's group size) reaches
    `handover_signal`: its model is handed over to `looprl train`;
@@ -28,7 +28,10 @@ starts before it starts alone), so a rising one keeps the rounds going. A round 
 whatever its hinted attempts show (a hand-over; a last round whose pass@1 rose) samples none.
 
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
-kept successes stay in the data (a small model finds few per round). A teacher round samples a
+kept successes stay in the data (a small model finds few per round). With `sft_from =
+"previous"` a round instead fine-tunes the model the round before trained on its own new
+successes: the earlier rounds' data is already in that model, and a round's fine-tune costs what
+its new data costs, where fine-tuning the starting model on everything grows with every round. A teacher round samples a
 server's model (message level); its traces, like every trace here, are fine-tuned on as messages
 re-rendered by the model's own chat template, not as the sampler's token ids.
 
@@ -94,8 +97,9 @@ class Student(Protocol):
         """A sampler on `model` (the starting model's name or a round's model directory)."""
         ...
 
-    def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
-        """Fine-tune the starting model on `rows` (SFT JSONL rows), save it to `output`; steps."""
+    def finetune(self, base: str, rows: list[dict[str, Any]], output: Path) -> int:
+        """Fine-tune `base` (the starting model or a round's model directory) on `rows` (SFT
+        JSONL rows), save it to `output`; the optimizer steps."""
         ...
 
 
@@ -236,7 +240,12 @@ def run_round(
     stop = stop_reason(section, n, by, stats, len(kept) + len(hinted), records, hinted_rate)
     steps, model, t1 = 0, None, time.perf_counter()
     if stop is None:
-        steps = job.student.finetune(rows, round_dir / "model")
+        base, data = (
+            (job.start_model, rows)
+            if section.sft_from == "start"
+            else (str(records[-1].model) if records else job.start_model, new_rows)
+        )
+        steps = job.student.finetune(base, data, round_dir / "model")
         model = str(round_dir / "model")
         return_free_memory()  # the fine-tune's model and optimizer, before the next round samples
     return RoundRecord(

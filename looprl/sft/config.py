@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -66,6 +68,13 @@ class BootstrapSection(BaseModel):
         "1e-3)",
     )
     sft_batch_size: int = Field(16, ge=1, description="conversations per fine-tuning step")
+    sft_from: Literal["start", "previous"] = Field(
+        "start",
+        description="what each round fine-tunes: 'start', the starting model on every success "
+        "kept so far (ReST-EM; a round's fine-tune grows with all rounds' data); 'previous', the "
+        "model the round before trained on this round's new successes only (a round's "
+        "fine-tune is the size of its own data)",
+    )
     rationalize: bool = Field(
         False,
         description="STaR's rationalisation: a task none of whose attempts succeeded is tried "

@@ -26,7 +26,6 @@ class ModelStudent:
     `concurrency` is the number of task groups sampled at once; `log` is `sft_train`'s.
     """
 
-    start_model: str
     section: BootstrapSection
     engine: EngineSection
     parser: ParserName = "auto"
@@ -49,11 +48,11 @@ class ModelStudent:
         )
         return Sampler(policy.engine, renderer, model)
 
-    def finetune(self, rows: list[dict[str, Any]], output: Path) -> int:
-        """Fine-tune the starting model on `rows`; save it to `output`; the optimizer steps."""
+    def finetune(self, base: str, rows: list[dict[str, Any]], output: Path) -> int:
+        """Fine-tune `base` on `rows`; save it to `output`; the optimizer steps."""
         s = self.section
         return sft_model(
-            self.start_model, rows, output, epochs=s.sft_epochs, lr=s.sft_lr,
+            base, rows, output, epochs=s.sft_epochs, lr=s.sft_lr,
             batch_size=s.sft_batch_size, seed=self.seed, log=self.log,
             chat_template=self.chat_template,
         )  # fmt: skip
