@@ -31,9 +31,10 @@ Departures: STaR and ReST-EM fine-tune on the last round's samples only; here ev
 kept successes stay in the data (a small model finds few per round). With `sft_from =
 "previous"` a round instead fine-tunes the model the round before trained on its own new
 successes: the earlier rounds' data is already in that model, and a round's fine-tune costs what
-its new data costs, where fine-tuning the starting model on everything grows with every round. A teacher round samples a
-server's model (message level); its traces, like every trace here, are fine-tuned on as messages
-re-rendered by the model's own chat template, not as the sampler's token ids.
+its new data costs, where fine-tuning the starting model on everything grows with every round.
+A teacher round samples a server's model (message level); its traces, like every trace here, are
+fine-tuned on as messages re-rendered by the model's own chat template, not as the sampler's
+token ids.
 
 `DIR/bootstrap.jsonl` holds one row per finished round (`RoundRecord`); `DIR/round_n/` the
 round's samples (`samples/results.jsonl`), its successes as SFT JSONL (`successes.jsonl`) and
