@@ -25,9 +25,8 @@ from looprl.types import Generation, SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]  # skipped without the venv: conftest.py
 PROMPT = [1, 5, 9, 14, 3]
-DEPTH = 16  # layers: the tiny model's 4 decode a step in ~5 ms, faster than vLLM's front end
-# streams and answers on a busy 2-core machine: the twin's tokens and the swap's /pause then
-# arrived only after the request had ended (1500 tokens in 7 s, every one of version 0)
+DEPTH = 16  # layers: a request of LONG tokens lasts 11-18 s here, not ~7 as with the tiny
+# model's 4: a wider window for the swap to land in
 LONG = 1500  # tokens: a sync that starts after the first 40 lands mid-request, even when the
 # test process gets no CPU for seconds while the server runs (seen on two cores)
 QUEUED_S = 1.0  # seconds for both requests to reach a held (idle, so quick) server
