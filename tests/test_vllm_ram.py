@@ -189,7 +189,7 @@ THREAD_TRAINER = """
     from looprl.engines.vllm_server import VLLMServer
     dirs = [ram_dir("weights", root=Path(sys.argv[2]))]
     server = VLLMServer(sys.argv[1], startup_timeout=60, remove_if_orphaned=tuple(dirs))
-    starter = threading.Thread(target=server.start)  # as a restart from a worker thread does
+    starter = threading.Thread(target=server.start)  # any thread may start a server
     starter.start()
     starter.join()
     time.sleep(1.0)  # the shim has had its parent-death signal for the ended thread
