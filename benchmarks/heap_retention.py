@@ -16,13 +16,12 @@ import time
 
 import torch
 
-from looprl.engines.heap import free_heap_bytes, return_free_memory
+from looprl.engines.heap import free_heap_bytes, resident_bytes, return_free_memory
 
 
 def rss_gb() -> float:
     """This process's resident set, GB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 1e9
+    return resident_bytes() / 1e9
 
 
 def main() -> None:

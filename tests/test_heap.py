@@ -11,8 +11,7 @@ from looprl.engines import heap
 
 
 def _rss_gb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 1e9
+    return heap.resident_bytes() / 1e9
 
 
 @pytest.mark.skipif(heap.free_heap_bytes() is None, reason="glibc 2.33+ only (mallinfo2)")

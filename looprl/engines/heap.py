@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from typing import Any
 
 TRIM_ABOVE = 256 << 20
@@ -44,6 +45,12 @@ def _libc() -> Any:
     if hasattr(libc, "mallinfo2"):
         libc.mallinfo2.restype = _MallInfo2
     return libc
+
+
+def resident_bytes() -> int:
+    """This process's resident set now, bytes (Linux `/proc/self/statm`)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def free_heap_bytes() -> int | None:
