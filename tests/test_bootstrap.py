@@ -227,6 +227,51 @@ def test_a_round_with_no_success_stops_without_fine_tuning(tmp_path: Path) -> No
     assert (tmp_path / "boot" / "round_1" / "successes.jsonl").read_text() == ""
 
 
+def seed_recorder(student: ScriptedStudent, seeds: list[int | None]) -> None:
+    """Make `student`'s samplers note every request's sampling seed in `seeds`."""
+
+    def sampler(model: str) -> Sampler:
+        policy = scripted_policy(student.level(model))
+
+        def reply(request: GenerationRequest) -> str:
+            seeds.append(request.sampling.seed)
+            return str(policy(request))
+
+        student.sampled.append(model)
+        return Sampler(ScriptedEngine(reply), None, model)
+
+    student.sampler = sampler  # type: ignore[method-assign]
+
+
+def test_a_probe_that_succeeds_samples_the_rest_of_the_attempts_on_new_seeds(
+    tmp_path: Path,
+) -> None:
+    student, seeds = ScriptedStudent(), []
+    seed_recorder(student, seeds)
+    record = run_bootstrap(job(tmp_path, student, max_rounds=1, probe_attempts=2)).records[0]
+    assert record.stats.attempts == 12 * 6 and record.stats.k == 6
+    rest = rows_of(tmp_path / "boot" / "round_1" / "more_samples" / "results.jsonl")
+    assert len(rest) == 12 * 4
+    assert len(seeds) == 12 * 6 and len(set(seeds)) == len(seeds)  # no attempt sampled twice
+
+
+def test_a_probe_with_no_success_skips_the_rest_for_the_hinted_attempts(tmp_path: Path) -> None:
+    student = ScriptedStudent(gain=1)
+    hinted_skill(student)
+    boot = job(tmp_path, student, max_rounds=2, probe_attempts=2, rationalize=True)
+    boot.env = load_environment("calculator", digits=1, hint_style="answer")
+    record = run_bootstrap(boot).records[0]
+    assert record.stats.attempts == 12 * 2 and record.stats.k == 2
+    assert record.stats.successes == 0 and record.hinted_attempts == 12 * 4
+    assert not (tmp_path / "boot" / "round_1" / "more_samples").exists()
+    assert record.hinted > 0 and student.trained == [record.hinted]
+
+
+def test_the_probe_must_be_fewer_than_the_attempts() -> None:
+    with pytest.raises(ValueError, match="probe_attempts .6. must be below bootstrap.attempts"):
+        BootstrapSection(attempts=6, probe_attempts=6)
+
+
 def test_resume_continues_at_the_last_finished_round(tmp_path: Path) -> None:
     whole = run_bootstrap(job(tmp_path / "a", ScriptedStudent()))
     killed = ScriptedStudent(fail_on=2)  # killed while round 2 fine-tunes

@@ -27,6 +27,11 @@ the hinted success rate is the measure of progress (the model learns to finish w
 starts before it starts alone), so a rising one keeps the rounds going. A round that stops
 whatever its hinted attempts show (a hand-over; a last round whose pass@1 rose) samples none.
 
+With `probe_attempts`, a round first samples that many attempts of each task, and the rest of
+`attempts` (into `more_samples/`) only when one of them succeeds: a model that cannot yet pass
+alone spends its round on hinted attempts instead of confirming a pass rate of 0 (the round's
+record then counts the probe's attempts, and its pass@k is at k = `probe_attempts`).
+
 Departures: STaR and ReST-EM fine-tune on the last round's samples only; here every round's
 kept successes stay in the data (a small model finds few per round). With `sft_from =
 "previous"` a round instead fine-tunes the model the round before trained on its own new
@@ -271,15 +276,23 @@ async def sample_round(
     sampler: Sampler,
     wants_hints: Callable[[list[EpisodeResult]], bool] = lambda episodes: False,
 ) -> tuple[list[EpisodeResult], list[EpisodeResult], float, int]:
-    """Every attempt of round `n`, then, when `wants_hints(attempts)`, every hinted attempt at
+    """Every attempt of round `n` (the probe's, and the rest when one succeeded: module doc),
+    then, when `wants_hints(attempts)`, every hinted attempt at
     the tasks none of them solved (kept ones of a killed run are reused), the seconds spent
     generating and the tokens sampled; the engine is closed after."""
     section = job.section
     try:
         tasks = round_tasks(job, n)
-        episodes, seconds, tokens = await sample_tasks(
-            job, n, sampler, tasks, "samples", section.attempts
-        )
+        first = section.probe_attempts or section.attempts
+        episodes, seconds, tokens = await sample_tasks(job, n, sampler, tasks, "samples", first)
+        if first < section.attempts and any(
+            solved(ep, section.success_threshold) for ep in episodes
+        ):
+            more, more_seconds, more_tokens = await sample_tasks(
+                job, n, sampler, tasks, "more_samples", section.attempts - first
+            )
+            episodes += more
+            seconds, tokens = seconds + more_seconds, tokens + more_tokens
         hinted: list[EpisodeResult] = []
         retry = hinted_tasks(job, n, tasks, episodes) if wants_hints(episodes) else []
         if retry:
@@ -296,21 +309,23 @@ async def sample_tasks(
     job: BootstrapJob, n: int, sampler: Sampler, tasks: list[Task], folder: str, attempts: int
 ) -> tuple[list[EpisodeResult], float, int]:
     """`attempts` samples of each of `tasks` into `round_n/folder` (resumable), the seconds
-    spent generating and the tokens sampled."""
+    spent generating and the tokens sampled. Each folder draws its own sampling seeds (the
+    probe's rest would otherwise repeat the probe's attempts)."""
     section = job.section
+    seed = job.seed + n if folder != "more_samples" else (job.seed + n) * 1_000_003 + 1
     sampling = SamplingParams(
         max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
-        temperature=section.attempt_temperature, seed=job.seed + n,
+        temperature=section.attempt_temperature, seed=seed,
     )  # fmt: skip
     eval_job = EvalJob(
         env=job.env, engine=sampler.engine, tasks=tasks, rollouts_per_task=attempts,
-        renderer=sampler.renderer, config=RolloutConfig(sampling=sampling, seed=job.seed + n),
+        renderer=sampler.renderer, config=RolloutConfig(sampling=sampling, seed=seed),
         output=job.output / f"round_{n}" / folder, resume=True,
         metadata={"kind": "bootstrap", "round": n, "model": sampler.name,
-                  "hinted": folder != "samples"},
+                  "hinted": folder == "hinted"},
         pass_threshold=section.success_threshold,
     )  # fmt: skip
-    label = f"round {n}" if folder == "samples" else f"round {n}, {folder}"
+    label = f"round {n}" if folder == "samples" else f"round {n}, {folder.replace('_', ' ')}"
     with progress(label, len(tasks) * attempts) as advance:
         counts: dict[str, tuple[int, int]] = {}
 

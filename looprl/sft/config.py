@@ -18,6 +18,14 @@ class BootstrapSection(BaseModel):
         description="samples per task each round (pass@k up to this k); more finds rarer "
         "successes (ReST-EM samples 32 per problem)",
     )
+    probe_attempts: int = Field(
+        0,
+        ge=0,
+        description="sample this many attempts of each task first and the rest of `attempts` "
+        "only if one of them succeeds (0: all at once); a round the model cannot yet pass "
+        "alone then spends its samples on hinted attempts (rationalize) instead of confirming "
+        "a pass rate of 0",
+    )
     tasks: int = Field(
         64,
         ge=1,
@@ -108,5 +116,15 @@ class BootstrapSection(BaseModel):
             raise ValueError(
                 "bootstrap.max_rounds must be >= 2 with a teacher: round 1 samples the teacher, "
                 "a later round measures the model it trained"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _probe_below_attempts(self) -> BootstrapSection:
+        if self.probe_attempts >= self.attempts:
+            raise ValueError(
+                f"bootstrap.probe_attempts ({self.probe_attempts}) must be below "
+                f"bootstrap.attempts ({self.attempts}): it is the first part of them; set it "
+                "lower, or 0 to sample every attempt at once"
             )
         return self
