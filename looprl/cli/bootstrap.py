@@ -257,9 +257,10 @@ def sft_log(step: int, total: int, loss: float, seconds: float) -> None:
 def print_start(job: Any) -> None:
     """The first line: what is bootstrapped, on what, how much per round, where."""
     s = job.section
+    probe = f" ({s.probe_attempts} first, the rest if one succeeds)" if s.probe_attempts else ""
     console.print(
         f"[bold]looprl bootstrap[/bold] {job.env.name} · model {job.start_model} · "
-        f"{s.tasks} tasks x {s.attempts} attempts per round at T={s.attempt_temperature}, at most "
+        f"{s.tasks} tasks x {s.attempts} attempts{probe} per round at T={s.attempt_temperature}, at most "
         f"{s.max_rounds} rounds · GRPO groups of {job.group_size} → {job.output}",
         highlight=False,
     )

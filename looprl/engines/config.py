@@ -28,7 +28,13 @@ class EngineSection(BaseModel):
         64,
         ge=1,
         description="requests in flight per vLLM server; torch: sequences decoded together (its "
-        "KV-cache slots: lower it when long episodes run out of memory)",
+        "KV-cache slots)",
+    )
+    kv_cache_mb: int | None = Field(
+        None,
+        ge=1,
+        description="torch: memory for the KV cache; requests wait when the sequences decoding "
+        "could outgrow it (unset: a quarter of the RAM, or of the GPU's memory)",
     )
 
     @field_validator("base_urls", mode="before")

@@ -49,6 +49,7 @@ def make_engine(
     num_servers: int = 1,
     max_model_len: int = 2048,
     startup_timeout: float = 300.0,
+    kv_cache_mb: int | None = None,
 ) -> Engine:
     """An engine of `kind`: `torch` samples in process from `model`; `openai` talks to `base_url`
     (message level, serving `model_name`); `vllm` samples token ids from vLLM servers, started
@@ -72,7 +73,9 @@ def make_engine(
             raise ValueError("a torch engine needs the model and tokenizer it samples from")
         from looprl.engines.torch_engine import TorchEngine
 
-        return TorchEngine(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+        return TorchEngine(
+            model, tokenizer, max_batch_size=max_batch_size, seed=seed, kv_cache_mb=kv_cache_mb
+        )
     raise ValueError(f"unknown engine kind {kind!r}; choose one of ['openai', 'torch', 'vllm']")
 
 
@@ -143,8 +146,9 @@ def make_policy(
         )
         return Policy(engine=served, tokenizer=tokenizer, name=model)
     sampler = make_engine(
-        "torch", model=hf_model, tokenizer=tokenizer, max_batch_size=max_batch_size, seed=seed
-    )
+        "torch", model=hf_model, tokenizer=tokenizer, max_batch_size=max_batch_size, seed=seed,
+        kv_cache_mb=engine.kv_cache_mb if engine is not None else None,
+    )  # fmt: skip
     return Policy(engine=sampler, model=hf_model, tokenizer=tokenizer, name=model)
 
 

@@ -20,10 +20,16 @@ class HFCacheModel:
         self.device = next(model.parameters()).device
         self.caches: list[Any] = []
         self.supports_prefix = False
+        self.max_bytes: int | None = None  # each slot's cache grows with its own sequence
+        self.position_bytes = position_bytes(model.config, next(model.parameters()).dtype)
 
     def reserve(self, slots: int, length: int) -> None:
         """Grow the per-slot cache list."""
         self.caches.extend([None] * (slots - len(self.caches)))
+
+    def cache_bytes(self, slots: int, length: int) -> int:
+        """At most every slot as long as `length` (each cache is as long as its sequence)."""
+        return self.position_bytes * slots * length
 
     def prefill(
         self, prompts: list[list[int]], first_slot: int, starts: list[int] | None = None
@@ -78,3 +84,16 @@ class HFCacheModel:
     def import_slot(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         """Not available: the model's own cache objects have no common layout."""
         raise NotImplementedError("the HF fallback backend has no prefix cache")
+
+
+def position_bytes(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of one cached position (keys and values, every layer) of a decoder whose config
+    names its layers and heads the usual way; 0 when it does not (nothing to budget by)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * dtype.itemsize

@@ -42,10 +42,17 @@ class KVBackend(Protocol):
     """What the engine needs from a backend. Slot i holds the KV cache of the i-th active sequence."""
 
     def reserve(self, slots: int, length: int) -> None:
-        """Make room for `slots` sequences of up to `length` cached tokens."""
+        """Make room for `slots` sequences of up to `length` cached tokens; the caller passes
+        sizes that cover every live slot and position (the backend may resize to them)."""
+        ...
+
+    def cache_bytes(self, slots: int, length: int) -> int:
+        """The most bytes the cache holds for `slots` sequences of up to `length` positions (as
+        `reserve` sizes it within `max_bytes`)."""
         ...
 
     supports_prefix: bool  # whether export_slot / import_slot and prefill `starts` work
+    max_bytes: int | None  # the cache's memory budget (`reserve` stays within it when it can)
 
     def prefill(
         self, prompts: list[list[int]], first_slot: int, starts: list[int] | None = None
@@ -95,6 +102,11 @@ def _next_size(need: int, current: int, minimum: int, limit: int) -> int:
     while size < need:
         size *= 2
     return min(size, limit)
+
+
+def _round_up(need: int, step: int, limit: int) -> int:
+    """`need` rounded up to a multiple of `step` (capped at `limit`)."""
+    return min(-(-need // step) * step, limit)
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
@@ -188,7 +200,7 @@ class _PrefillPlan:
         row, col = self.valid.nonzero(as_tuple=True)  # (N,) each
         heads = torch.arange(model.num_kv_heads, device=device)
         slot_heads = (self.first_slot + row)[:, None] * model.num_kv_heads + heads  # (N, Hkv)
-        self.rows = (slot_heads * model.k.shape[3] + pos[row, col][:, None]).reshape(-1)
+        self.rows = (slot_heads * model.k[0].shape[2] + pos[row, col][:, None]).reshape(-1)
         self.span = int((starts + lens).max())
         keys = torch.arange(self.span, device=device)
         self.mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # (m, 1, T, L)
@@ -198,7 +210,8 @@ class LlamaKVModel:
     """Fast batched forward for Llama-family models over a slot-based preallocated KV cache.
 
     `max_slots` bounds the number of concurrent sequences and `max_seq_len` the cached positions per
-    sequence. Memory is allocated lazily and grown by doubling, so large limits cost nothing upfront.
+    sequence. Memory is allocated lazily and grown by doubling, so large limits cost nothing upfront;
+    `max_bytes` (set by the engine) caps it (`reserve`).
     Sliding-window models are supported up to their window (within it, attention is full).
     `fuse` runs q/k/v and gate/up as one matmul each over fused weight copies; `pack` runs every
     matmul over MKL-packed copies (float32 on CPU with MKL; ignored elsewhere). Module doc.
@@ -235,34 +248,72 @@ class LlamaKVModel:
             [LayerCopies(x, fuse=fuse, pack=self.pack) for x in self.layers] if copies else None
         )
         self.head = HeadCopy(model.lm_head) if self.pack else None
-        shape = (len(self.layers), 0, self.num_kv_heads, 0, self.head_dim)
-        self.k = torch.empty(shape, dtype=self.dtype, device=self.device)
-        self.v = torch.empty(shape, dtype=self.dtype, device=self.device)
+        self.position_bytes = 2 * len(self.layers) * self.num_kv_heads * self.head_dim
+        self.position_bytes *= self.dtype.itemsize  # keys and values of one position, all layers
+        self.max_bytes: int | None = None
+        self.k: list[torch.Tensor] = []  # per layer: (slots, Hkv, length, D)
+        self.v: list[torch.Tensor] = []
+        self._size = (0, 0)  # (slots, length) allocated
+        self.release_cache()
         self.cos = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
         self.signed_sin = torch.empty_like(self.cos)
         self.supports_prefix = True
         self._build_rope(1)  # fails early on partial rotary embeddings
 
     # --- cache management -------------------------------------------------------------------
+    def _fitted(self, slots: int, length: int) -> tuple[int, int]:
+        """The sizes of a cache made for `slots` x `length` alone: slots up to a multiple of 4,
+        positions up to a multiple of 256 (within the limits)."""
+        return _round_up(slots, 4, self.max_slots), _round_up(length, 256, self.max_seq_len)
+
+    def cache_bytes(self, slots: int, length: int) -> int:
+        """Bytes of a cache made for `slots` x `length` alone (`_fitted`): what `reserve` holds
+        at most for them when doubling would pass `max_bytes`."""
+        fitted_slots, fitted_len = self._fitted(slots, length)
+        return self.position_bytes * fitted_slots * fitted_len
+
     def reserve(self, slots: int, length: int) -> None:
-        """Grow the cache (copying what it holds) so it fits `slots` x `length`."""
+        """Resize the cache (keeping what it holds) to fit `slots` x `length`, which cover every
+        live slot and position. It grows by doubling each size from what it has; when that
+        would pass `max_bytes`, it is sized for `slots` x `length` alone (`cache_bytes`), which
+        may shrink the other size. One layer is copied at a time, so resizing holds one layer's
+        old and new tensors together, not the whole cache twice."""
         if slots > self.max_slots or length > self.max_seq_len:
             raise ValueError(
                 f"cache request {slots}x{length} exceeds {self.max_slots}x{self.max_seq_len}"
             )
-        cur_slots, cur_len = self.k.shape[1], self.k.shape[3]
+        cur_slots, cur_len = self._size
         if slots <= cur_slots and length <= cur_len:
             return
         new_slots = _next_size(slots, cur_slots, 4, self.max_slots)
         new_len = _next_size(length, cur_len, 256, self.max_seq_len)
-        shape = (len(self.layers), new_slots, self.num_kv_heads, new_len, self.head_dim)
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            new[:, :cur_slots, :, :cur_len] = old
-            setattr(self, name, new)
+        if (
+            self.max_bytes is not None
+            and self.position_bytes * new_slots * new_len > self.max_bytes
+        ):
+            new_slots, new_len = self._fitted(slots, length)
+        keep_slots, keep_len = min(cur_slots, new_slots), min(cur_len, new_len)
+        shape = (new_slots, self.num_kv_heads, new_len, self.head_dim)
+        for cache in (self.k, self.v):
+            for i, old in enumerate(cache):
+                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                new[:keep_slots, :, :keep_len] = old[:keep_slots, :, :keep_len]
+                cache[i] = new  # the old layer goes before the next one is allocated
+        self._size = (new_slots, new_len)
         if new_len > self.cos.shape[0]:
             self._build_rope(new_len)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes the cache holds now."""
+        return self.position_bytes * self._size[0] * self._size[1]
+
+    def release_cache(self) -> None:
+        """Drop the cache tensors (the weight copies stay); the next `reserve` allocates again."""
+        shape = (0, self.num_kv_heads, 0, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self._size = (0, 0)
 
     def _build_rope(self, length: int) -> None:
         """Tabulate cos and signed sin for positions 0..length-1 with the model's own rotary module."""
@@ -279,8 +330,9 @@ class LlamaKVModel:
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy slot `src` into slot `dst` (positions `0..length-1`, all layers)."""
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        for cache in (self.k, self.v):
+            for layer in cache:
+                layer[dst, :, :length] = layer[src, :, :length]
 
     copy_slot = move_slot
 
@@ -289,8 +341,7 @@ class LlamaKVModel:
 
     def release(self) -> None:
         """Drop the cache tensors and weight copies; the next forward allocates them again."""
-        self.k = self.k.new_empty((len(self.layers), 0, self.num_kv_heads, 0, self.head_dim))
-        self.v = self.v.new_empty(self.k.shape)
+        self.release_cache()
         self.weights_changed()
 
     # --- forward ----------------------------------------------------------------------------
@@ -390,14 +441,14 @@ class LlamaKVModel:
             rope = (self.cos[:width, None], self.signed_sin[:width, None])  # (T, 1, D)
             q, k, v = self._qkv(layer, copies, x, rope, rope)  # (m, T, heads, D)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (m, Hkv, T, D)
-            self.k[i, slots, :, :width] = k
-            self.v[i, slots, :, :width] = v
+            self.k[i][slots, :, :width] = k
+            self.v[i][slots, :, :width] = v
             mask, causal = None, True
         else:  # continuing cached prefixes: write the real tokens, attend over the slot's cache
             q, k, v = self._qkv(layer, copies, x, plan.rope, plan.rope)
             self.k[i].view(-1, dim).index_copy_(0, plan.rows, k[plan.valid].reshape(-1, dim))
             self.v[i].view(-1, dim).index_copy_(0, plan.rows, v[plan.valid].reshape(-1, dim))
-            k, v = self.k[i, slots, :, : plan.span], self.v[i, slots, :, : plan.span]
+            k, v = self.k[i][slots, :, : plan.span], self.v[i][slots, :, : plan.span]
             mask, causal = plan.mask, False
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
@@ -412,12 +463,14 @@ class LlamaKVModel:
 
     def export_slot(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of slot `slot`'s keys and values for positions `0..length-1`: (layers, Hkv, L, D)."""
-        return self.k[:, slot, :, :length].clone(), self.v[:, slot, :, :length].clone()
+        keys = torch.stack([layer[slot, :, :length] for layer in self.k])
+        return keys, torch.stack([layer[slot, :, :length] for layer in self.v])
 
     def import_slot(self, slot: int, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         """Load the first `length` positions of exported keys/values into slot `slot`."""
-        self.k[:, slot, :, :length] = keys[:, :, :length]
-        self.v[:, slot, :, :length] = values[:, :, :length]
+        for cache, exported in ((self.k, keys), (self.v, values)):
+            for layer, part in zip(cache, exported, strict=True):
+                layer[slot, :, :length] = part[:, :length]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token for each active slot `0..n-1`; return next-token logits `(n, V)`."""
@@ -431,7 +484,7 @@ class LlamaKVModel:
         # Row of each (slot, kv head, position) in one layer's cache viewed as (S * Hkv * cap, D).
         heads = torch.arange(self.num_kv_heads, device=self.device)
         slot_heads = torch.arange(n, device=self.device)[:, None] * self.num_kv_heads + heads
-        rows = (slot_heads * self.k.shape[3] + positions[:, None]).reshape(-1)  # (n * Hkv,)
+        rows = (slot_heads * self._size[1] + positions[:, None]).reshape(-1)  # (n * Hkv,)
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # (n, hidden)
         copies = self._current_copies()
         for i, layer in enumerate(self.layers):
@@ -439,7 +492,7 @@ class LlamaKVModel:
             q, k, v = self._qkv(layer, copies[i], x, rope_q, rope_k)  # (n, heads, D); q scaled
             self.k[i].view(-1, dim).index_copy_(0, rows, k.reshape(-1, dim))
             self.v[i].view(-1, dim).index_copy_(0, rows, v.reshape(-1, dim))
-            keys, values = self.k[i, :n, :, :span], self.v[i, :n, :, :span]  # (n, Hkv, L, D)
+            keys, values = self.k[i][:n, :, :span], self.v[i][:n, :, :span]  # (n, Hkv, L, D)
             out = F.scaled_dot_product_attention(
                 q[:, :, None, :], keys, values, attn_mask=allowed, scale=1.0, enable_gqa=True
             ).reshape(n, -1)  # (n, H*D)

@@ -281,7 +281,10 @@ def make_placement(
         sweep_and_report()  # RAM that killed vLLM-backed runs left (vllm_engine sweeps too)
     own = lora is not None or generate_ahead or group is not None
     sampled = frozen_copy(model) if own else model
-    torch_engine = TorchEngine(sampled, tokenizer, max_batch_size=engine.max_concurrency, seed=seed)
+    torch_engine = TorchEngine(
+        sampled, tokenizer, max_batch_size=engine.max_concurrency, seed=seed,
+        kv_cache_mb=engine.kv_cache_mb,
+    )  # fmt: skip
     if not own:
         return SharedPlacement(torch_engine, shares_weights=True)
     same = lora is None and not generate_ahead  # under FSDP the gathered copy holds the values

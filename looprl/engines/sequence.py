@@ -64,6 +64,7 @@ class EngineStats:
     generated_tokens: int = 0
     decode_steps: int = 0
     busy_seconds: float = 0.0
+    kv_waits: int = 0  # admissions put off because the KV cache budget was full
 
 
 def default_stop_ids(model: nn.Module, tokenizer: Any) -> set[int]:

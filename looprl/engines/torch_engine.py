@@ -31,6 +31,10 @@ no turn ever continues keys/values computed by older weights. New prompts admitt
 start alike (the system prompt and tool schemas every task of an environment shares) prefill
 that common prefix once (`prefix_cache.shared_prefix_len`) and each computes only its own rest.
 
+Memory: a request is admitted only while the KV cache that every admitted sequence could grow to
+fits `kv_cache_mb` (default: a quarter of the device's memory); the others wait in arrival order
+(`looprl.engines.admission`).
+
 Sampling and logprobs follow `looprl.engines.sampling`: logprobs are `log_softmax(logits / T)` at
 the sampled token, before top-p/top-k truncation (temperature 1 for greedy requests). The worker
 runs each step on `threads` torch threads when set (`looprl.engines.threads`; by default the
@@ -53,6 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from looprl.engines.admission import Admission, kv_budget_bytes
 from looprl.engines.backends import Backend, default_max_len, make_backend
 from looprl.engines.base import GenerationRequest
 from looprl.engines.detokenize import StopStringWatcher
@@ -104,6 +109,7 @@ class TorchEngine:
             (None, the default: the process's count; 1 never stalls under load but leaves a quiet
             machine's second core idle, and while training runs beside the engine it changes
             the count the update's matmuls see: docs/benchmarks.md "Decode on CPU").
+        kv_cache_mb: the KV cache's memory budget (module doc); None: a quarter of the device's.
     """
 
     token_level = True
@@ -124,6 +130,7 @@ class TorchEngine:
         fuse_projections: bool = False,
         pack_weights: bool = True,
         threads: int | None = None,
+        kv_cache_mb: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -149,6 +156,8 @@ class TorchEngine:
             fuse=fuse_projections, pack=pack_weights,
         )  # fmt: skip
         self.stats = EngineStats()
+        self.backend.max_bytes = budget = kv_budget_bytes(kv_cache_mb, device)
+        self.admission = Admission(self.backend, budget, self.max_seq_len, self.stats)
         self.policy_version = 0  # the optimizer step whose weights are sampled (TrainableEngine)
         self.weights_lock = threading.Lock()  # held while a step runs or weights are synced
         self._cond = threading.Condition()
@@ -158,11 +167,8 @@ class TorchEngine:
         self._arrivals = 0
         self._epoch = 0  # bumped whenever the weights change
         self._syncs_waiting = 0  # sync_weights calls waiting for the step to end (under _cond)
-        self._prefix = (
-            PrefixCache(prefix_cache_mb * 2**20)
-            if prefix_cache_mb > 0 and self.backend.supports_prefix
-            else None
-        )
+        use_prefix = prefix_cache_mb > 0 and self.backend.supports_prefix
+        self._prefix = PrefixCache(prefix_cache_mb * 2**20) if use_prefix else None
         self._thread = threading.Thread(target=self._loop, name="looprl-torch-engine", daemon=True)
         self._thread.start()
 
@@ -294,9 +300,7 @@ class TorchEngine:
                 self._cond.wait()
             if self._closed:
                 return None
-            free = self.max_batch_size - len(self._active)
-            taken = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        return [s for s in taken if not s.cancelled]
+            return self.admission.take(self._waiting, self._active, self.max_batch_size)
 
     def _loop(self) -> None:
         """Worker thread: admit, prefill, decode, repeat; a failing step fails its sequences only."""
@@ -368,7 +372,7 @@ class TorchEngine:
         if not n:
             return
         slot = len(self._active)  # free until the groups are placed
-        self.backend.reserve(slot + 1, n)
+        self.backend.reserve(slot + 1, max(n, self._live_len()))
         self.backend.prefill([fresh[0].prompt[:n]], slot)
         keys, values = self.backend.export_slot(slot, n)
         entry = PrefixEntry(tokens=fresh[0].prompt[:n], keys=keys, values=values)
@@ -382,7 +386,7 @@ class TorchEngine:
         originals = [g[0] for g in groups]
         copies = [(s, row) for row, g in enumerate(groups) for s in g[1:]]
         longest = max(len(s.prompt) for s in originals)
-        self.backend.reserve(first + len(originals) + len(copies), longest)
+        self.backend.reserve(first + len(originals) + len(copies), max(longest, self._live_len()))
         starts = []
         for row, s in enumerate(originals):
             reused = 0
@@ -406,10 +410,14 @@ class TorchEngine:
         rows = list(range(len(originals))) + [row for _, row in copies]
         self._sample_into(first, logits[rows])
 
+    def _live_len(self) -> int:
+        """The positions the active sequences hold (a resize must keep them)."""
+        return max((s.cache_len for s in self._active), default=0)
+
     def _decode_step(self) -> None:
         """Feed each active sequence its last sampled token and sample the next one."""
         active = self._active
-        self.backend.reserve(len(active), max(s.cache_len for s in active) + 1)
+        self.backend.reserve(len(active), self._live_len() + 1)
         tokens = torch.tensor([s.tokens[-1] for s in active], dtype=torch.long)
         positions = torch.tensor([s.cache_len for s in active], dtype=torch.long)
         logits = self.backend.decode(tokens, positions)  # (n, V)
@@ -465,21 +473,13 @@ class TorchEngine:
         try:
             text = self.tokenizer.decode(seq.tokens, skip_special_tokens=False)
         except Exception as exc:  # a tokenizer bug must not take the batch down
-            seq.answer(
-                Generation(
-                    text="", finish_reason="error", error=f"decoding the text failed: {exc!r}"
-                )
-            )
+            error = f"decoding the text failed: {exc!r}"
+            seq.answer(Generation(text="", finish_reason="error", error=error))
             return
-        seq.answer(
-            Generation(
-                text=text,
-                token_ids=seq.tokens,
-                logprobs=seq.logprobs,
-                finish_reason=reason,
-                versions=seq.versions,
-            )  # fmt: skip
-        )
+        seq.answer(Generation(
+            text=text, token_ids=seq.tokens, logprobs=seq.logprobs, finish_reason=reason,
+            versions=seq.versions,
+        ))  # fmt: skip
 
     def _drop_cancelled(self) -> None:
         """Free the slots of sequences whose callers stopped waiting."""
