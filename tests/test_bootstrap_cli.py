@@ -149,6 +149,29 @@ def test_a_round_without_success_says_what_to_do(capsys: pytest.CaptureFixture[s
     assert "give a stronger hint" in out and "bootstrap.rationalize)" not in out
 
 
+def test_the_table_names_each_rounds_k_when_a_probe_cut_one_short(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from looprl.cli.bootstrap import print_report
+    from looprl.sft.bootstrap import BootstrapOutcome, RoundRecord
+    from looprl.sft.successes import round_stats
+    from looprl.trainer.config import load_config
+
+    def record(n: int, counts: dict[str, tuple[int, int]]) -> RoundRecord:
+        return RoundRecord(
+            round=n, by="model", sampler="tiny", sampled_model="tiny",
+            stats=round_stats(counts, group_size=4), kept=0, kept_total=1, sft_steps=1,
+            model="m", tokens=9, seconds=1.0, sample_seconds=1.0, sft_seconds=0.0, stop=None,
+        )  # fmt: skip
+
+    probe_only = record(1, {"a": (2, 0), "b": (2, 0)})
+    whole = dataclasses.replace(record(2, {"a": (8, 4), "b": (8, 0)}), stop="handover")
+    print_report(BootstrapOutcome([probe_only, whole], "handover", "m", 2), load_config(None))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pass@k" in out and "(k=2)" in out and "(k=8)" in out
+    assert "each task's k attempts (fewer in a round whose probe found no success)" in out
+
+
 def test_ctrl_c_says_how_to_resume(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -303,7 +303,8 @@ def sampled_label(record: Any) -> str:
 def print_report(outcome: Any, cfg: Any) -> None:
     """The table of rounds, why it stopped, and the model handed over."""
     table = Table(title="bootstrap rounds", header_style="bold")
-    k = outcome.records[0].stats.k
+    ks = {r.stats.k for r in outcome.records}  # a round that sampled only its probe has fewer
+    k = str(next(iter(ks))) if len(ks) == 1 else "k"
     heads = ["round", "sampled", "pass@1", f"pass@{k}", "solved", "signal",
              "successes", "kept", "SFT steps", "tokens", "seconds"]  # fmt: skip
     for h in heads:
@@ -311,14 +312,17 @@ def print_report(outcome: Any, cfg: Any) -> None:
     for r in outcome.records:
         s = r.stats
         table.add_row(
-            str(r.round), sampled_label(r), f"{s.pass_at_1:.3f}", f"{s.pass_at_k:.3f}",
+            str(r.round), sampled_label(r), f"{s.pass_at_1:.3f}",
+            f"{s.pass_at_k:.3f}" + ("" if len(ks) == 1 else f" (k={s.k})"),
             f"{s.tasks_solved}/{s.tasks}", f"{s.signal:.3f}", f"{s.successes}/{s.attempts}",
             kept_cell(r), str(r.sft_steps), str(r.tokens), f"{r.seconds:.0f}",
         )  # fmt: skip
     console.print(table)
     console.print(
         f"sampled: the model that made the attempts (round_N: round N's) · pass@1, pass@{k}: "
-        f"unbiased estimates from each task's {k} attempts · solved: tasks with a success · "
+        f"unbiased estimates from each task's {k} attempts"
+        + ("" if len(ks) == 1 else " (fewer in a round whose probe found no success)")
+        + " · solved: tasks with a success · "
         f"signal: expected fraction of GRPO groups of {cfg.rollout.rollouts_per_task} with "
         "non-zero reward variance",
         highlight=False,
