@@ -248,7 +248,8 @@ def test_a_probe_that_succeeds_samples_the_rest_of_the_attempts_on_new_seeds(
 ) -> None:
     student, seeds = ScriptedStudent(), []
     seed_recorder(student, seeds)
-    record = run_bootstrap(job(tmp_path, student, max_rounds=1, probe_attempts=2)).records[0]
+    boot = job(tmp_path, student, max_rounds=1, probe_attempts=2, rationalize=True)
+    record = run_bootstrap(boot).records[0]
     assert record.stats.attempts == 12 * 6 and record.stats.k == 6
     rest = rows_of(tmp_path / "boot" / "round_1" / "more_samples" / "results.jsonl")
     assert len(rest) == 12 * 4
@@ -267,9 +268,11 @@ def test_a_probe_with_no_success_skips_the_rest_for_the_hinted_attempts(tmp_path
     assert record.hinted > 0 and student.trained == [record.hinted]
 
 
-def test_the_probe_must_be_fewer_than_the_attempts() -> None:
+def test_the_probe_must_be_fewer_than_the_attempts_and_needs_rationalisation() -> None:
     with pytest.raises(ValueError, match="probe_attempts .6. must be below bootstrap.attempts"):
-        BootstrapSection(attempts=6, probe_attempts=6)
+        BootstrapSection(attempts=6, probe_attempts=6, rationalize=True)
+    with pytest.raises(ValueError, match="probe_attempts needs bootstrap.rationalize true"):
+        BootstrapSection(attempts=6, probe_attempts=2)
 
 
 def test_resume_continues_at_the_last_finished_round(tmp_path: Path) -> None:

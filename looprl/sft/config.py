@@ -21,10 +21,10 @@ class BootstrapSection(BaseModel):
     probe_attempts: int = Field(
         0,
         ge=0,
-        description="sample this many attempts of each task first and the rest of `attempts` "
-        "only if one of them succeeds (0: all at once); a round the model cannot yet pass "
-        "alone then spends its samples on hinted attempts (rationalize) instead of confirming "
-        "a pass rate of 0",
+        description="with rationalize: sample this many attempts of each task first and the "
+        "rest of `attempts` only if one of them succeeds (0: all at once); a round the model "
+        "cannot yet pass alone then spends its samples on hinted attempts instead of "
+        "confirming a pass rate of 0",
     )
     tasks: int = Field(
         64,
@@ -126,5 +126,11 @@ class BootstrapSection(BaseModel):
                 f"bootstrap.probe_attempts ({self.probe_attempts}) must be below "
                 f"bootstrap.attempts ({self.attempts}): it is the first part of them; set it "
                 "lower, or 0 to sample every attempt at once"
+            )
+        if self.probe_attempts and not self.rationalize:
+            raise ValueError(
+                "bootstrap.probe_attempts needs bootstrap.rationalize true: a round whose probe "
+                "finds no success spends its samples on hinted attempts; without them, rare "
+                "successes are all a round has, so sample every attempt (probe_attempts 0)"
             )
         return self
