@@ -36,42 +36,40 @@ def watch(engine: TorchEngine) -> dict[str, int]:
     return peak
 
 
-async def greedy_all(engine: TorchEngine, ps: list[list[int]], n: int) -> list[list[int]]:
-    sampling = SamplingParams(max_tokens=n, temperature=0.0)
-    gens = await asyncio.gather(
-        *(engine.generate(GenerationRequest(prompt_ids=p, sampling=sampling)) for p in ps)
-    )
-    assert all(g.finish_reason == "length" for g in gens)
-    return [g.token_ids for g in gens]
+async def greedy_within(budget: int, requests: int, n: int) -> tuple[TorchEngine, dict[str, int]]:
+    """Decode `requests` prompts greedily for `n` tokens on an engine whose KV cache may hold
+    `budget` bytes; each result must equal the one-at-a-time reference. The engine (shut down)
+    and what `watch` saw."""
+    llama = make_model("llama")
+    engine = TorchEngine(llama, TOKENIZER, max_batch_size=64, stop_token_ids=[], device="cpu")
+    engine.admission.budget = engine.backend.max_bytes = budget
+    peak = watch(engine)
+    ps, sampling = prompts(requests), SamplingParams(max_tokens=n, temperature=0.0)
+    try:
+        gens = await asyncio.gather(
+            *(engine.generate(GenerationRequest(prompt_ids=p, sampling=sampling)) for p in ps)
+        )
+    finally:
+        engine.shutdown()
+    assert [g.token_ids for g in gens] == [hf_greedy(llama, p, n) for p in ps]
+    return engine, peak
 
 
 async def test_requests_past_the_budget_wait_and_every_result_is_exact() -> None:
-    llama = make_model("llama")
     # 1 MB holds 8 slots of 256 positions (the model's context) at 512 bytes a position
-    engine = TorchEngine(
-        llama, TOKENIZER, max_batch_size=64, stop_token_ids=[], device="cpu", kv_cache_mb=1
-    )
-    peak = watch(engine)
-    ps = prompts(20)
-    try:
-        got = await greedy_all(engine, ps, 6)
-    finally:
-        engine.shutdown()
-    assert got == [hf_greedy(llama, p, 6) for p in ps]
+    engine, peak = await greedy_within(2**20, requests=20, n=6)
     assert peak["active"] == 8 and peak["bytes"] <= 2**20 and engine.stats.kv_waits > 0
 
 
 async def test_one_request_larger_than_the_budget_still_runs_alone() -> None:
-    llama = make_model("llama")
-    engine = TorchEngine(llama, TOKENIZER, stop_token_ids=[], device="cpu")
-    engine.admission.budget = engine.backend.max_bytes = 1000  # under one slot's cache
-    peak = watch(engine)
-    ps = prompts(3)
-    try:
-        got = await greedy_all(engine, ps, 4)
-    finally:
-        engine.shutdown()
-    assert got == [hf_greedy(llama, p, 4) for p in ps] and peak["active"] == 1
+    _, peak = await greedy_within(1000, requests=3, n=4)  # under one slot's cache
+    assert peak["active"] == 1
+
+
+def test_kv_cache_mb_sets_the_budget_in_mib() -> None:
+    engine = TorchEngine(make_model("llama"), TOKENIZER, device="cpu", kv_cache_mb=3)
+    engine.shutdown()
+    assert engine.admission.budget == engine.backend.max_bytes == 3 * 2**20
 
 
 def test_resizing_past_the_budget_fits_the_request_alone_and_keeps_the_live_cache() -> None:
