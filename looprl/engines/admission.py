@@ -24,12 +24,10 @@ class Admission:
     def __init__(
         self, backend: KVBackend, budget: int, max_seq_len: int, stats: EngineStats
     ) -> None:
-        self.backend, self.budget, self.max_seq_len, self.stats = (
-            backend,
-            budget,
-            max_seq_len,
-            stats,
-        )
+        self.backend = backend
+        self.budget = budget
+        self.max_seq_len = max_seq_len
+        self.stats = stats
         self._noted = False
 
     def take(
