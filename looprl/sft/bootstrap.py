@@ -80,6 +80,9 @@ from looprl.types import EpisodeResult, SamplingParams, Task
 
 Stop = Literal["handover", "stalled", "no_successes", "max_rounds"]
 RECORDS = "bootstrap.jsonl"
+REST_SEED_STRIDE = 1_000_003
+"""The rest of a probed round samples on seed (seed + n) * this + 1, which no round's own seed
+(seed + n) reaches."""
 
 
 class SamplingFailed(Exception):
@@ -312,7 +315,7 @@ async def sample_tasks(
     spent generating and the tokens sampled. Each folder draws its own sampling seeds (the
     probe's rest would otherwise repeat the probe's attempts)."""
     section = job.section
-    seed = job.seed + n if folder != "more_samples" else (job.seed + n) * 1_000_003 + 1
+    seed = job.seed + n if folder != "more_samples" else (job.seed + n) * REST_SEED_STRIDE + 1
     sampling = SamplingParams(
         max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
         temperature=section.attempt_temperature, seed=seed,
