@@ -15,7 +15,9 @@ from looprl.engines.kv_model import LlamaKVModel
 from looprl.engines.torch_engine import TorchEngine
 from looprl.types import SamplingParams
 
-POSITION_BYTES = 2 * SMALL["num_hidden_layers"] * SMALL["num_key_value_heads"] * 16 * 4
+POSITION_BYTES = (
+    2 * SMALL["num_hidden_layers"] * SMALL["num_key_value_heads"] * SMALL["head_dim"] * 4
+)
 
 
 def watch(engine: TorchEngine) -> dict[str, int]:

@@ -53,9 +53,8 @@ def test_a_run_that_frees_the_caches_trains_exactly_like_one_that_keeps_them(
     update = Trainer._update
 
     def watched(self, groups):
-        seen.append(
-            self.engine.backend.allocated_bytes
-        )  # the engine's KV slots as the update starts
+        # the engine's KV slots as the update starts
+        seen.append(self.engine.backend.allocated_bytes)
         return update(self, groups)
 
     monkeypatch.setattr(Trainer, "_update", watched)

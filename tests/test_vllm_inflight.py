@@ -111,9 +111,9 @@ def across(engine, reset, swap, max_tokens: int = LONG, after: int = 40) -> Gene
     request beside it received `after` tokens.
 
     Both are sent to a held server and start together on its resume: sent to a running one, the
-    second request to arrive was seen to start up to 11 s late, after the first had ended. The twin is still only a clock, so an attempt whose
-    tokens all carry one version is made again, three times at most; then the attempts are
-    described in the failure.
+    second request to arrive was seen to start up to 11 s late, after the first had ended. The
+    twin is still only a clock, so an attempt whose tokens all carry one version is made again,
+    three times at most; then the attempts are described in the failure.
     """
 
     async def main() -> Generation:

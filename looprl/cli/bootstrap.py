@@ -260,8 +260,8 @@ def print_start(job: Any) -> None:
     probe = f" ({s.probe_attempts} first, the rest if one succeeds)" if s.probe_attempts else ""
     console.print(
         f"[bold]looprl bootstrap[/bold] {job.env.name} · model {job.start_model} · "
-        f"{s.tasks} tasks x {s.attempts} attempts{probe} per round at T={s.attempt_temperature}, at most "
-        f"{s.max_rounds} rounds · GRPO groups of {job.group_size} → {job.output}",
+        f"{s.tasks} tasks x {s.attempts} attempts{probe} per round at "
+        f"T={s.attempt_temperature}, at most {s.max_rounds} rounds · GRPO groups of {job.group_size} → {job.output}",
         highlight=False,
     )
 
@@ -304,7 +304,8 @@ def print_report(outcome: Any, cfg: Any) -> None:
     """The table of rounds, why it stopped, and the model handed over."""
     table = Table(title="bootstrap rounds", header_style="bold")
     ks = {r.stats.k for r in outcome.records}  # a round that sampled only its probe has fewer
-    k = str(next(iter(ks))) if len(ks) == 1 else "k"
+    mixed = len(ks) > 1
+    k = "k" if mixed else str(next(iter(ks)))
     heads = ["round", "sampled", "pass@1", f"pass@{k}", "solved", "signal",
              "successes", "kept", "SFT steps", "tokens", "seconds"]  # fmt: skip
     for h in heads:
@@ -313,7 +314,7 @@ def print_report(outcome: Any, cfg: Any) -> None:
         s = r.stats
         table.add_row(
             str(r.round), sampled_label(r), f"{s.pass_at_1:.3f}",
-            f"{s.pass_at_k:.3f}" + ("" if len(ks) == 1 else f" (k={s.k})"),
+            f"{s.pass_at_k:.3f}" + (f" (k={s.k})" if mixed else ""),
             f"{s.tasks_solved}/{s.tasks}", f"{s.signal:.3f}", f"{s.successes}/{s.attempts}",
             kept_cell(r), str(r.sft_steps), str(r.tokens), f"{r.seconds:.0f}",
         )  # fmt: skip
@@ -321,7 +322,7 @@ def print_report(outcome: Any, cfg: Any) -> None:
     console.print(
         f"sampled: the model that made the attempts (round_N: round N's) · pass@1, pass@{k}: "
         f"unbiased estimates from each task's {k} attempts"
-        + ("" if len(ks) == 1 else " (fewer in a round whose probe found no success)")
+        + (" (fewer in a round whose probe found no success)" if mixed else "")
         + " · solved: tasks with a success · "
         f"signal: expected fraction of GRPO groups of {cfg.rollout.rollouts_per_task} with "
         "non-zero reward variance",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,20 +16,18 @@ from looprl.engines.sequence import EngineStats, SequenceState
 logger = logging.getLogger(__name__)
 
 
+@dataclass
 class Admission:
     """Admits waiting requests in arrival order while each has a slot and the cache that every
     admitted sequence could grow to (its prompt plus `max_tokens`, within `max_seq_len`) fits
     `budget` bytes (`KVBackend.cache_bytes`). One request alone is always admitted; a request
     that does not fit waits, and the ones behind it too (no overtaking)."""
 
-    def __init__(
-        self, backend: KVBackend, budget: int, max_seq_len: int, stats: EngineStats
-    ) -> None:
-        self.backend = backend
-        self.budget = budget
-        self.max_seq_len = max_seq_len
-        self.stats = stats
-        self._noted = False
+    backend: KVBackend
+    budget: int
+    max_seq_len: int
+    stats: EngineStats
+    _noted: bool = field(default=False, init=False)
 
     def take(
         self, waiting: deque[SequenceState], active: list[SequenceState], max_slots: int

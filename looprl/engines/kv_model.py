@@ -251,10 +251,7 @@ class LlamaKVModel:
         self.position_bytes = 2 * len(self.layers) * self.num_kv_heads * self.head_dim
         self.position_bytes *= self.dtype.itemsize  # keys and values of one position, all layers
         self.max_bytes: int | None = None
-        self.k: list[torch.Tensor] = []  # per layer: (slots, Hkv, length, D)
-        self.v: list[torch.Tensor] = []
-        self._size = (0, 0)  # (slots, length) allocated
-        self.release_cache()
+        self.release_cache()  # per layer: keys and values (slots, Hkv, length, D), empty
         self.cos = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
         self.signed_sin = torch.empty_like(self.cos)
         self.supports_prefix = True
@@ -262,8 +259,7 @@ class LlamaKVModel:
 
     # --- cache management -------------------------------------------------------------------
     def _fitted(self, slots: int, length: int) -> tuple[int, int]:
-        """The sizes of a cache made for `slots` x `length` alone: slots up to a multiple of 4,
-        positions up to a multiple of 256 (within the limits)."""
+        """Sizes made for `slots` x `length` alone: slots to a multiple of 4, positions of 256."""
         return _round_up(slots, 4, self.max_slots), _round_up(length, 256, self.max_seq_len)
 
     def cache_bytes(self, slots: int, length: int) -> int:
@@ -282,7 +278,7 @@ class LlamaKVModel:
             raise ValueError(
                 f"cache request {slots}x{length} exceeds {self.max_slots}x{self.max_seq_len}"
             )
-        cur_slots, cur_len = self._size
+        cur_slots, cur_len = self._allocated
         if slots <= cur_slots and length <= cur_len:
             return
         new_slots = _next_size(slots, cur_slots, 4, self.max_slots)
@@ -296,24 +292,28 @@ class LlamaKVModel:
         shape = (new_slots, self.num_kv_heads, new_len, self.head_dim)
         for cache in (self.k, self.v):
             for i, old in enumerate(cache):
-                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                new = torch.zeros(shape, dtype=self.dtype, device=self.device)  # never NaN
                 new[:keep_slots, :, :keep_len] = old[:keep_slots, :, :keep_len]
                 cache[i] = new  # the old layer goes before the next one is allocated
-        self._size = (new_slots, new_len)
         if new_len > self.cos.shape[0]:
             self._build_rope(new_len)
 
     @property
+    def _allocated(self) -> tuple[int, int]:
+        """The (slots, positions) the cache holds now."""
+        return self.k[0].shape[0], self.k[0].shape[2]
+
+    @property
     def allocated_bytes(self) -> int:
         """Bytes the cache holds now."""
-        return self.position_bytes * self._size[0] * self._size[1]
+        return self.position_bytes * self._allocated[0] * self._allocated[1]
 
     def release_cache(self) -> None:
         """Drop the cache tensors (the weight copies stay); the next `reserve` allocates again."""
         shape = (0, self.num_kv_heads, 0, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        self._size = (0, 0)
+        empty = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.k: list[torch.Tensor] = [empty] * len(self.layers)  # replaced, never written
+        self.v: list[torch.Tensor] = [empty] * len(self.layers)
 
     def _build_rope(self, length: int) -> None:
         """Tabulate cos and signed sin for positions 0..length-1 with the model's own rotary module."""
@@ -484,7 +484,7 @@ class LlamaKVModel:
         # Row of each (slot, kv head, position) in one layer's cache viewed as (S * Hkv * cap, D).
         heads = torch.arange(self.num_kv_heads, device=self.device)
         slot_heads = torch.arange(n, device=self.device)[:, None] * self.num_kv_heads + heads
-        rows = (slot_heads * self._size[1] + positions[:, None]).reshape(-1)  # (n * Hkv,)
+        rows = (slot_heads * self._allocated[1] + positions[:, None]).reshape(-1)  # (n * Hkv,)
         h = F.embedding(tokens, self.model.model.embed_tokens.weight)  # (n, hidden)
         copies = self._current_copies()
         for i, layer in enumerate(self.layers):

@@ -291,8 +291,10 @@ async def sample_round(
         if first < section.attempts and any(
             solved(ep, section.success_threshold) for ep in episodes
         ):
+            rest = section.attempts - first
+            seed = (job.seed + n) * REST_SEED_STRIDE + 1  # not the probe's: no attempt twice
             more, more_seconds, more_tokens = await sample_tasks(
-                job, n, sampler, tasks, "more_samples", section.attempts - first
+                job, n, sampler, tasks, "more_samples", rest, seed=seed
             )
             episodes += more
             seconds, tokens = seconds + more_seconds, tokens + more_tokens
@@ -309,13 +311,19 @@ async def sample_round(
 
 
 async def sample_tasks(
-    job: BootstrapJob, n: int, sampler: Sampler, tasks: list[Task], folder: str, attempts: int
+    job: BootstrapJob,
+    n: int,
+    sampler: Sampler,
+    tasks: list[Task],
+    folder: str,
+    attempts: int,
+    seed: int | None = None,
 ) -> tuple[list[EpisodeResult], float, int]:
-    """`attempts` samples of each of `tasks` into `round_n/folder` (resumable), the seconds
-    spent generating and the tokens sampled. Each folder draws its own sampling seeds (the
-    probe's rest would otherwise repeat the probe's attempts)."""
+    """`attempts` samples of each of `tasks` into `round_n/folder` (resumable) on sampling seed
+    `seed` (default: the round's, seed + n), the seconds spent generating and the tokens
+    sampled."""
     section = job.section
-    seed = job.seed + n if folder != "more_samples" else (job.seed + n) * REST_SEED_STRIDE + 1
+    seed = job.seed + n if seed is None else seed
     sampling = SamplingParams(
         max_tokens=job.max_tokens or job.env.limits.max_tokens_per_turn,
         temperature=section.attempt_temperature, seed=seed,
