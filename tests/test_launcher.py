@@ -108,7 +108,13 @@ def test_a_live_job_refuses_a_second_and_stops_with_its_launcher(tmp_path):
     for pid in family:  # hold the job still, so that any write by the refused launch would show
         os.kill(pid, signal.SIGSTOP)
     try:
+        # a write under way when the stop came still lands: wait until the files hold still
         before = _snapshot(run_dir)
+        for _ in range(50):
+            time.sleep(0.1)
+            if (settled := _snapshot(run_dir)) == before:
+                break
+            before = settled
         again = subprocess.run(
             [sys.executable, "-m", "looprl", "train", "--nproc", "2", "--resume", "--run-dir",
              str(run_dir), *ARGS],
